@@ -1,0 +1,50 @@
+//! Copies the finished sample into the ring buffer.
+
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::generated::bpf_ringbuf_output,
+};
+use icecore_unwinders::{Counter, SampleRecord, sample::MAX_FRAMES};
+
+use crate::maps::{SAMPLES, SCRATCH, count};
+
+/// Wake the reader only once this many bytes wait: a wakeup per sample costs
+/// about 1 µs of BPF time, and user space polls on a timer anyway. Set at load
+/// time to a fraction of the ring buffer's size.
+#[unsafe(no_mangle)]
+static WAKEUP_BYTES: u64 = 256 * 1024;
+
+#[inline(always)]
+pub fn emit() {
+    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+        count(Counter::ScratchUnavailable);
+        return;
+    };
+    // SAFETY: per-CPU value owned by this CPU's tail-call chain.
+    let record = unsafe { &mut (*scratch).record };
+    let mut frames = (record.header.kernel_frames + record.header.user_frames) as usize;
+    if frames > MAX_FRAMES {
+        frames = MAX_FRAMES;
+    }
+    let size = SampleRecord::wire_size(frames) as u64;
+    let ring = core::ptr::from_ref(&SAMPLES).cast_mut().cast();
+    // SAFETY: plain load of a load-time constant; `ring` is the map definition
+    // (RingBuf is repr(transparent) over it).
+    let wakeup_bytes = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
+    let pending =
+        unsafe { aya_ebpf::helpers::generated::bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA as u64) };
+    let flags = if pending >= wakeup_bytes {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    // SAFETY: `size` is at most size_of::<SampleRecord>(), so the read stays
+    // inside the map value.
+    let ret =
+        unsafe { bpf_ringbuf_output(ring, core::ptr::from_mut(record).cast(), size, flags as u64) };
+    if ret < 0 {
+        count(Counter::RingBufferFull);
+    } else {
+        count(Counter::Emitted);
+    }
+}

@@ -1,0 +1,2 @@
+//! Empty: the BPF programs are the `icecore` binary target (src/main.rs).
+#![no_std]

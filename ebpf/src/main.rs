@@ -1,0 +1,148 @@
+//! icecore's BPF programs.
+//!
+//! `on_cpu_sample` runs on every CPU-clock perf event. It fills the sample's
+//! fixed part and kernel stack in per-CPU scratch space, then tail-calls the
+//! native unwinder, which walks the user stack a bounded number of frames per
+//! program and tail-calls itself to continue; `emit_sample` copies the finished
+//! record into the ring buffer. Every way a sample can end or degrade bumps a
+//! named counter (see `icecore_unwinders::Counter`).
+#![no_std]
+#![no_main]
+
+mod emit;
+mod maps;
+mod native;
+mod task;
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, generated::bpf_get_stack},
+    macros::perf_event,
+    programs::PerfEventContext,
+};
+use icecore_unwinders::{
+    Counter, ProgramIndex, Registers,
+    sample::{MAX_KERNEL_FRAMES, flags},
+};
+
+use crate::maps::{PID_FILTER, PROGRAMS, SCRATCH, count};
+
+/// Non-zero when only the PIDs in `PID_FILTER` are sampled. Set at load time.
+#[unsafe(no_mangle)]
+static FILTER_BY_PID: u8 = 0;
+
+/// Linux's `__USER_CS` on x86-64: the privilege level of the interrupted code.
+const USER_MODE_RPL: u64 = 3;
+
+#[perf_event]
+pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
+    count(Counter::Samples);
+    let pid = ctx.tgid();
+    if pid == 0 {
+        count(Counter::Idle);
+        return 0;
+    }
+    // SAFETY: a plain load of a load-time constant.
+    let filter = unsafe { core::ptr::read_volatile(&FILTER_BY_PID) };
+    // SAFETY: the value is only tested for presence.
+    if filter != 0 && unsafe { PID_FILTER.get(&pid) }.is_none() {
+        count(Counter::FilteredOut);
+        return 0;
+    }
+    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+        count(Counter::ScratchUnavailable);
+        return 0;
+    };
+    // SAFETY: per-CPU map value; this program is the only user on this CPU
+    // until the tail-call chain ends (perf-event programs do not nest).
+    let scratch = unsafe { &mut *scratch };
+    let record = &mut scratch.record;
+    let header = &mut record.header;
+    // SAFETY: plain helper calls without pointer arguments.
+    header.ktime_ns = unsafe { bpf_ktime_get_ns() };
+    header.cpu = unsafe { bpf_get_smp_processor_id() };
+    header.pid = pid;
+    header.tid = ctx.pid();
+    header.flags = 0;
+    header.user_frames = 0;
+    header.comm = ctx.command().unwrap_or_default();
+
+    // SAFETY: the buffer is the first MAX_KERNEL_FRAMES words of `frames`.
+    let written = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            record.frames.as_mut_ptr().cast(),
+            (MAX_KERNEL_FRAMES * 8) as u32,
+            0,
+        )
+    };
+    if written < 0 {
+        count(Counter::KernelStackFailed);
+        record.header.kernel_frames = 0;
+    } else {
+        record.header.kernel_frames = (written as u32) / 8;
+    }
+
+    let regs = interrupted_registers(&ctx);
+    let user = if regs.cs & USER_MODE_RPL == USER_MODE_RPL {
+        Some(Registers {
+            ip: regs.rip,
+            sp: regs.rsp,
+            bp: regs.rbp,
+        })
+    } else {
+        record.header.flags |= flags::KERNEL_MODE;
+        let from_task = task::user_registers();
+        if from_task.is_some() {
+            count(Counter::UserRegistersFromTask);
+        }
+        from_task
+    };
+    scratch.state.tail_calls = 0;
+    let next = match user {
+        Some(registers) => {
+            scratch.state.registers = registers;
+            ProgramIndex::NativeUnwinder
+        }
+        None => {
+            count(Counter::NoUserRegisters);
+            scratch.record.header.flags |= flags::NO_USER_REGISTERS;
+            ProgramIndex::Emit
+        }
+    };
+    // SAFETY: the program array holds programs of this same type.
+    unsafe { PROGRAMS.tail_call(&ctx, next as u32) };
+    count(Counter::TailCallFailed);
+    0
+}
+
+/// The registers of the code the perf event interrupted.
+fn interrupted_registers(ctx: &PerfEventContext) -> aya_ebpf::bindings::pt_regs {
+    // SAFETY: a perf-event context always points at bpf_perf_event_data; the
+    // verifier allows reading its `regs`.
+    unsafe { (*ctx.ctx).regs }
+}
+
+#[perf_event]
+pub fn unwind_native(ctx: PerfEventContext) -> u32 {
+    native::unwind(&ctx)
+}
+
+#[perf_event]
+pub fn emit_sample(_ctx: PerfEventContext) -> u32 {
+    emit::emit();
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The code has no panicking paths left after optimisation (the verifier
+    // would reject an unbounded loop here); this only satisfies no_std.
+    // SAFETY: unreachable by construction, see above.
+    unsafe { core::hint::unreachable_unchecked() }
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,90 @@
+//! Per-CPU counters, one per outcome or failure mode of the BPF programs.
+//!
+//! Every sample ends in exactly one of `Emitted`, `Idle`, `FilteredOut`,
+//! `ScratchUnavailable`, `RingBufferFull` or `TailCallFailed`; the others count
+//! degradations of emitted samples (a stack cut short, a read that failed).
+
+/// Index into the `COUNTERS` per-CPU array.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// perf events that ran the entry program.
+    Samples = 0,
+    /// Samples written to the ring buffer.
+    Emitted = 1,
+    /// Samples of the idle task (pid 0), not reported.
+    Idle = 2,
+    /// Samples of processes outside the `--pid` filter.
+    FilteredOut = 3,
+    /// The per-CPU scratch record could not be looked up.
+    ScratchUnavailable = 4,
+    /// The ring buffer had no room; the sample was lost.
+    RingBufferFull = 5,
+    /// A tail call failed (program slot empty); the sample was lost.
+    TailCallFailed = 6,
+    /// `bpf_get_stack` failed for the kernel stack.
+    KernelStackFailed = 7,
+    /// No user registers: a kernel thread, or the user `pt_regs` could not be located.
+    NoUserRegisters = 8,
+    /// Reading user memory failed mid-walk; the stack ends there.
+    UserReadFailed = 9,
+    /// A frame pointer broke the stack discipline (not increasing, misaligned); the stack ends there.
+    UserFrameInvalid = 10,
+    /// The user stack hit the frame or tail-call limit and was cut.
+    UserStackTruncated = 11,
+    /// The sample interrupted kernel code; user registers came from the task's `pt_regs`.
+    UserRegistersFromTask = 12,
+}
+
+/// Number of counters (the `COUNTERS` array size).
+pub const COUNTER_COUNT: u32 = 13;
+
+impl Counter {
+    /// Every counter, in index order.
+    pub const ALL: [Counter; COUNTER_COUNT as usize] = [
+        Counter::Samples,
+        Counter::Emitted,
+        Counter::Idle,
+        Counter::FilteredOut,
+        Counter::ScratchUnavailable,
+        Counter::RingBufferFull,
+        Counter::TailCallFailed,
+        Counter::KernelStackFailed,
+        Counter::NoUserRegisters,
+        Counter::UserReadFailed,
+        Counter::UserFrameInvalid,
+        Counter::UserStackTruncated,
+        Counter::UserRegistersFromTask,
+    ];
+
+    /// Stable snake_case name, used in logs and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::Samples => "samples",
+            Counter::Emitted => "emitted",
+            Counter::Idle => "idle",
+            Counter::FilteredOut => "filtered_out",
+            Counter::ScratchUnavailable => "scratch_unavailable",
+            Counter::RingBufferFull => "ring_buffer_full",
+            Counter::TailCallFailed => "tail_call_failed",
+            Counter::KernelStackFailed => "kernel_stack_failed",
+            Counter::NoUserRegisters => "no_user_registers",
+            Counter::UserReadFailed => "user_read_failed",
+            Counter::UserFrameInvalid => "user_frame_invalid",
+            Counter::UserStackTruncated => "user_stack_truncated",
+            Counter::UserRegistersFromTask => "user_registers_from_task",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_is_in_index_order() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i, "{}", c.name());
+        }
+    }
+}

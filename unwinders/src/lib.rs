@@ -1,0 +1,23 @@
+//! Types shared by icecore's BPF programs and its user space, and the unwinding
+//! step logic that runs in BPF.
+//!
+//! Everything here is `no_std` and generic over how memory is read
+//! ([`MemoryReader`]), so the exact code the BPF programs run is also run by
+//! host tests against real stacks. The `user` feature adds the user-space half
+//! (`aya::Pod` impls).
+#![no_std]
+#![deny(missing_docs)]
+
+pub mod counters;
+pub mod memory;
+pub mod native;
+pub mod programs;
+pub mod sample;
+#[cfg(feature = "user")]
+mod user;
+
+pub use counters::{COUNTER_COUNT, Counter};
+pub use memory::MemoryReader;
+pub use native::{Registers, StepOutcome};
+pub use programs::{MAX_TAIL_CALLS, ProgramIndex};
+pub use sample::{SampleHeader, SampleRecord, UnwindScratch, UnwindState};

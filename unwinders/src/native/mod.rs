@@ -1,0 +1,30 @@
+//! Native (machine-code) unwinding steps.
+
+pub mod frame_pointer;
+
+pub use frame_pointer::frame_pointer_step;
+
+/// The registers an x86-64 unwind step needs.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Registers {
+    /// Instruction pointer.
+    pub ip: u64,
+    /// Stack pointer.
+    pub sp: u64,
+    /// Frame pointer (rbp).
+    pub bp: u64,
+}
+
+/// The result of unwinding one frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// The caller's registers; its `ip` is a return address.
+    Caller(Registers),
+    /// The outermost frame was reached.
+    EndOfStack,
+    /// Memory the step needed could not be read.
+    ReadFailed,
+    /// The registers or the frame contents break the stack discipline.
+    InvalidFrame,
+}

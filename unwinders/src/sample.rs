@@ -1,0 +1,96 @@
+//! The sample record BPF writes to the ring buffer, and the per-CPU scratch
+//! space the programs of one tail-call chain share.
+
+use crate::native::Registers;
+
+/// Kernel frames kept per sample; `kernel.perf_event_max_stack` defaults to 127.
+pub const MAX_KERNEL_FRAMES: usize = 127;
+/// User frames kept per sample.
+pub const MAX_USER_FRAMES: usize = 512;
+/// Capacity of [`SampleRecord::frames`]: kernel frames first, then user frames.
+pub const MAX_FRAMES: usize = MAX_KERNEL_FRAMES + 1 + MAX_USER_FRAMES;
+
+/// Bits of [`SampleHeader::flags`].
+pub mod flags {
+    /// The sample interrupted kernel code.
+    pub const KERNEL_MODE: u32 = 1 << 0;
+    /// The user stack was cut at the frame or tail-call limit.
+    pub const USER_TRUNCATED: u32 = 1 << 1;
+    /// The user walk stopped on an unreadable or invalid frame, not at the stack's end.
+    pub const USER_INCOMPLETE: u32 = 1 << 2;
+    /// No user registers were available (kernel thread, or `pt_regs` not found).
+    pub const NO_USER_REGISTERS: u32 = 1 << 3;
+}
+
+/// Fixed part of a sample.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleHeader {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) when the sample was taken.
+    pub ktime_ns: u64,
+    /// Process ID (tgid).
+    pub pid: u32,
+    /// Thread ID.
+    pub tid: u32,
+    /// CPU the sample was taken on.
+    pub cpu: u32,
+    /// [`flags`] bits.
+    pub flags: u32,
+    /// Kernel frames at the start of `frames`.
+    pub kernel_frames: u32,
+    /// User frames after the kernel frames.
+    pub user_frames: u32,
+    /// Thread name (`comm`), NUL-padded.
+    pub comm: [u8; 16],
+}
+
+/// One sample as written to the ring buffer. Only the header and the
+/// `kernel_frames + user_frames` used words are sent.
+///
+/// `frames` holds kernel frames, then user frames, each leaf first. The first
+/// frame of each part is the interrupted instruction; the others are return
+/// addresses.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRecord {
+    /// The fixed part.
+    pub header: SampleHeader,
+    /// Kernel frames, then user frames.
+    pub frames: [u64; MAX_FRAMES],
+}
+
+impl SampleRecord {
+    /// Bytes of a record carrying `frame_count` frames.
+    pub const fn wire_size(frame_count: usize) -> usize {
+        core::mem::size_of::<SampleHeader>() + frame_count * 8
+    }
+}
+
+/// Where an unwinder is in the user stack between tail calls.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct UnwindState {
+    /// Registers of the frame to unwind next.
+    pub registers: Registers,
+    /// Tail calls used so far by this sample.
+    pub tail_calls: u32,
+    /// Padding, kept zero.
+    pub reserved: u32,
+}
+
+/// The per-CPU scratch space of one sample's tail-call chain. Larger than the
+/// 512-byte BPF stack, so it lives in a one-entry per-CPU array.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct UnwindScratch {
+    /// The sample being built.
+    pub record: SampleRecord,
+    /// Unwinder cursor.
+    pub state: UnwindState,
+}
+
+const _: () = assert!(core::mem::size_of::<SampleHeader>() == 48);
+const _: () = assert!(core::mem::size_of::<SampleRecord>() == 48 + MAX_FRAMES * 8);
+const _: () = assert!(core::mem::size_of::<UnwindState>() == 32);
+const _: () =
+    assert!(core::mem::size_of::<UnwindScratch>() == core::mem::size_of::<SampleRecord>() + 32);

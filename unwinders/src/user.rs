@@ -1,0 +1,11 @@
+//! User-space half: lets aya read and write the shared structs in maps.
+
+use crate::{Registers, SampleHeader, SampleRecord, UnwindScratch, UnwindState};
+
+// SAFETY: all are #[repr(C)], made only of integers and integer arrays, with no
+// padding (see the size assertions in sample.rs), so any bit pattern is valid.
+unsafe impl aya::Pod for Registers {}
+unsafe impl aya::Pod for SampleHeader {}
+unsafe impl aya::Pod for SampleRecord {}
+unsafe impl aya::Pod for UnwindState {}
+unsafe impl aya::Pod for UnwindScratch {}
