@@ -1,0 +1,153 @@
+//! The command line: clap definitions and their check into [`Settings`].
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{CommandFactory, Parser};
+
+use crate::validate::{self, Invalid};
+use crate::{ConfigError, Settings};
+
+/// The one-line description `icecore --help` starts with.
+pub const ABOUT: &str =
+    "Continuous eBPF CPU profiler exporting OpenTelemetry OTLP Profiles and pprof";
+
+/// icecore's flags, every one optional so that the config file and the
+/// defaults can fill in what the command line leaves out.
+#[derive(Debug, Parser)]
+#[command(name = "icecore", bin_name = "icecore", version, about = ABOUT)]
+pub(crate) struct Cli {
+    /// OTLP gRPC collector to send profiles to: http://HOST:PORT (plaintext) or https://HOST:PORT (TLS) [default: none]
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+
+    /// Directory to write gzipped pprof files to [default: /var/lib/icecore/pprof if no sink is set, else none]
+    #[arg(long, value_name = "DIR")]
+    pprof_dir: Option<OsString>,
+
+    /// Samples per second on each CPU, an integer from 1 to 10000 [default: 19]
+    #[arg(long, value_name = "HZ", allow_negative_numbers = true)]
+    sampling_frequency: Option<String>,
+
+    /// How often to export collected profiles, from 1s to 1h, like 10s or 1m [default: 10s]
+    #[arg(long, value_name = "DURATION")]
+    reporter_interval: Option<String>,
+
+    /// Stop after this long (like 30s or 5m), flush and exit 0 [default: run until stopped]
+    #[arg(long, value_name = "DURATION")]
+    duration: Option<String>,
+
+    /// Profile only this process; repeat for more (comma-separated also works) [default: every process]
+    #[arg(
+        long = "pid",
+        value_name = "PID",
+        value_delimiter = ',',
+        allow_negative_numbers = true
+    )]
+    pids: Vec<String>,
+
+    /// Address of the HTTP server for health and metrics, IP:PORT [default: 127.0.0.1:7071]
+    #[arg(long, value_name = "ADDR")]
+    http_address: Option<String>,
+
+    /// YAML file with the same settings in snake_case; flags override it [default: none]
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Log level (error, warn, info, debug, trace) or filter like info,icecore_receiver=debug [default: info]
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+}
+
+/// The clap command behind [`Cli`], for help text and shell completions.
+pub(crate) fn command() -> clap::Command {
+    Cli::command()
+}
+
+/// Parses the arguments (argv\[0\] first) without checking values.
+pub(crate) fn parse<I, T>(args: I) -> Result<Cli, ConfigError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    Cli::try_parse_from(args).map_err(ConfigError::Cli)
+}
+
+impl Cli {
+    /// The config file named by `--config`, if any.
+    pub(crate) fn config_path(&self) -> Option<&PathBuf> {
+        self.config.as_ref()
+    }
+
+    /// Checks every flag's value, returning the settings the flags give.
+    pub(crate) fn settings(&self) -> Result<Settings, ConfigError> {
+        let otlp = check(
+            "otlp-endpoint",
+            self.otlp_endpoint.as_deref(),
+            validate::otlp_endpoint,
+        )?;
+        let pprof_dir = match &self.pprof_dir {
+            Some(dir) => Some(
+                validate::pprof_dir(PathBuf::from(dir))
+                    .map_err(|e| invalid_flag("pprof-dir", &dir.to_string_lossy(), &e))?,
+            ),
+            None => None,
+        };
+        let sampling_frequency_hz = check(
+            "sampling-frequency",
+            self.sampling_frequency.as_deref(),
+            validate::sampling_frequency,
+        )?;
+        let reporter_interval = check(
+            "reporter-interval",
+            self.reporter_interval.as_deref(),
+            validate::reporter_interval,
+        )?;
+        let duration = check("duration", self.duration.as_deref(), validate::run_duration)?;
+        let pids = if self.pids.is_empty() {
+            None
+        } else {
+            let checked: Result<Vec<u32>, ConfigError> = self
+                .pids
+                .iter()
+                .map(|pid| validate::pid(pid).map_err(|e| invalid_flag("pid", pid, &e)))
+                .collect();
+            Some(checked?)
+        };
+        let http_address = check(
+            "http-address",
+            self.http_address.as_deref(),
+            validate::http_address,
+        )?;
+        let log_level = check("log-level", self.log_level.as_deref(), validate::log_level)?;
+        Ok(Settings {
+            otlp,
+            pprof_dir,
+            sampling_frequency_hz,
+            reporter_interval,
+            duration,
+            pids,
+            http_address,
+            log_level,
+        })
+    }
+}
+
+/// Runs `parse` on a flag's value when the flag was given.
+fn check<T>(
+    flag: &'static str,
+    value: Option<&str>,
+    parse: impl Fn(&str) -> Result<T, Invalid>,
+) -> Result<Option<T>, ConfigError> {
+    value
+        .map(|text| parse(text).map_err(|e| invalid_flag(flag, text, &e)))
+        .transpose()
+}
+
+fn invalid_flag(flag: &'static str, value: &str, invalid: &Invalid) -> ConfigError {
+    ConfigError::InvalidFlag {
+        flag,
+        value: value.to_owned(),
+        message: invalid.flag_message(),
+    }
+}

@@ -1,0 +1,302 @@
+//! The YAML config file: reading, key checks and value checks into
+//! [`Settings`].
+
+use std::path::{Path, PathBuf};
+
+use serde_norway::{Mapping, Value};
+
+use crate::validate::{self, EXPECTED_PIDS, Invalid};
+use crate::{ConfigError, Settings};
+
+/// The keys a config file may have, in the order the docs list them.
+pub const KEYS: [&str; 8] = [
+    "otlp_endpoint",
+    "pprof_dir",
+    "sampling_frequency",
+    "reporter_interval",
+    "duration",
+    "pids",
+    "http_address",
+    "log_level",
+];
+
+/// Reads, parses and checks the config file at `path`.
+pub(crate) fn load(path: &Path) -> Result<Settings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::FileRead {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
+/// Parses and checks config file text; `path` only names the file in errors.
+pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
+    let syntax = |message: String| ConfigError::FileSyntax {
+        path: path.to_owned(),
+        message,
+    };
+    let document: Value =
+        serde_norway::from_str(text).map_err(|e| syntax(format!("invalid YAML: {e}")))?;
+    let mapping = match document {
+        // An empty file, or one with only comments, sets nothing.
+        Value::Null => Mapping::new(),
+        Value::Mapping(mapping) => mapping,
+        other => {
+            return Err(syntax(format!(
+                "expected a mapping of settings (one `key: value` per line), got {}",
+                describe(&other)
+            )));
+        }
+    };
+    for key in mapping.keys() {
+        let name = match key {
+            Value::String(k) if KEYS.contains(&k.as_str()) => continue,
+            Value::String(k) => k.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            other => {
+                return Err(syntax(format!(
+                    "expected setting names as keys, got {}",
+                    describe(other)
+                )));
+            }
+        };
+        return Err(ConfigError::UnknownKey {
+            path: path.to_owned(),
+            line: line_of_key(text, &name),
+            key: name,
+        });
+    }
+    let reader = Reader { path, mapping };
+    Ok(Settings {
+        otlp: reader.string("otlp_endpoint", validate::otlp_endpoint)?,
+        pprof_dir: reader.string("pprof_dir", |s| validate::pprof_dir(PathBuf::from(s)))?,
+        sampling_frequency_hz: reader.integer(
+            "sampling_frequency",
+            validate::sampling_frequency,
+            validate::sampling_frequency_number,
+        )?,
+        reporter_interval: reader.string("reporter_interval", validate::reporter_interval)?,
+        duration: reader.string("duration", validate::run_duration)?,
+        pids: reader.pids()?,
+        http_address: reader.string("http_address", validate::http_address)?,
+        log_level: reader.string("log_level", validate::log_level)?,
+    })
+}
+
+/// Looks settings up in the file's top-level mapping.
+struct Reader<'a> {
+    path: &'a Path,
+    mapping: Mapping,
+}
+
+impl Reader<'_> {
+    /// The value under `key`; a missing key and `null` both mean unset.
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.mapping.get(key).filter(|v| !v.is_null())
+    }
+
+    fn invalid(&self, key: &'static str, got: &Value, invalid: &Invalid) -> ConfigError {
+        ConfigError::InvalidFileValue {
+            path: self.path.to_owned(),
+            key,
+            message: invalid.file_message(&describe(got)),
+        }
+    }
+
+    /// A setting written as a YAML string.
+    fn string<T>(
+        &self,
+        key: &'static str,
+        parse: impl Fn(&str) -> Result<T, Invalid>,
+    ) -> Result<Option<T>, ConfigError> {
+        let Some(value) = self.get(key) else {
+            return Ok(None);
+        };
+        let result = match value {
+            Value::String(text) => parse(text),
+            // Give the parser the written form so the message says what is
+            // missing (a unit, a scheme...), but report the value as written.
+            Value::Number(n) => parse(&n.to_string()),
+            _ => parse("").map_err(|e| Invalid {
+                expected: e.expected,
+                detail: None,
+            }),
+        };
+        result.map(Some).map_err(|e| self.invalid(key, value, &e))
+    }
+
+    /// A setting written as a YAML integer (or a string holding one).
+    fn integer<T>(
+        &self,
+        key: &'static str,
+        parse_text: impl Fn(&str) -> Result<T, Invalid>,
+        check_number: impl Fn(u64) -> Result<T, Invalid>,
+    ) -> Result<Option<T>, ConfigError> {
+        let Some(value) = self.get(key) else {
+            return Ok(None);
+        };
+        integer_value(value, &parse_text, &check_number)
+            .map(Some)
+            .map_err(|e| self.invalid(key, value, &e))
+    }
+
+    /// The `pids` list; an empty list means every process.
+    fn pids(&self) -> Result<Option<Vec<u32>>, ConfigError> {
+        let Some(value) = self.get("pids") else {
+            return Ok(None);
+        };
+        let Value::Sequence(items) = value else {
+            return Err(self.invalid(
+                "pids",
+                value,
+                &Invalid {
+                    expected: EXPECTED_PIDS,
+                    detail: None,
+                },
+            ));
+        };
+        let mut pids = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let pid = integer_value(item, &validate::pid, &validate::pid_number).map_err(|_| {
+                self.invalid(
+                    "pids",
+                    item,
+                    &Invalid {
+                        expected: EXPECTED_PIDS,
+                        detail: Some(format!("item {} of the list", index + 1)),
+                    },
+                )
+            })?;
+            pids.push(pid);
+        }
+        Ok(Some(pids))
+    }
+}
+
+/// Reads an integer from a YAML number or a string holding digits.
+fn integer_value<T>(
+    value: &Value,
+    parse_text: &impl Fn(&str) -> Result<T, Invalid>,
+    check_number: &impl Fn(u64) -> Result<T, Invalid>,
+) -> Result<T, Invalid> {
+    match value {
+        Value::Number(n) => match n.as_u64() {
+            Some(n) => check_number(n),
+            // Negative or fractional: the text parser rejects its digits.
+            None => parse_text(&n.to_string()),
+        },
+        Value::String(text) => parse_text(text),
+        _ => parse_text(""),
+    }
+}
+
+/// How a YAML value reads in an error message.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => format!("{s:?}"),
+        Value::Sequence(_) => "a list".to_owned(),
+        Value::Mapping(_) => "a mapping".to_owned(),
+        Value::Tagged(tagged) => format!("a value tagged {}", tagged.tag),
+    }
+}
+
+/// The 1-based line on which top-level `key` is written, if it can be found.
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .position(|line| {
+            let line = line.trim_end();
+            [key.to_owned(), format!("\"{key}\""), format!("'{key}'")]
+                .iter()
+                .any(|written| {
+                    line.strip_prefix(written.as_str())
+                        .is_some_and(|rest| rest.trim_start().starts_with(':'))
+                })
+        })
+        .map(|index| index + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_text(text: &str) -> Result<Settings, ConfigError> {
+        parse(Path::new("/etc/icecore.yaml"), text)
+    }
+
+    fn error(text: &str) -> String {
+        match parse_text(text) {
+            Ok(settings) => panic!("{text:?} parsed as {settings:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn empty_and_null() {
+        assert_eq!(parse_text("").expect("empty"), Settings::default());
+        assert_eq!(
+            parse_text("# only a comment\n").expect("comment"),
+            Settings::default()
+        );
+        assert_eq!(
+            parse_text("pprof_dir: ~\npids: null\n").expect("nulls"),
+            Settings::default()
+        );
+    }
+
+    #[test]
+    fn strings_for_numbers_and_empty_pid_list() {
+        let settings =
+            parse_text("sampling_frequency: \"99\"\npids: [\"12\", 34]\n").expect("quoted numbers");
+        assert_eq!(settings.sampling_frequency_hz, Some(99));
+        assert_eq!(settings.pids, Some(vec![12, 34]));
+        assert_eq!(parse_text("pids: []").expect("empty").pids, Some(vec![]));
+    }
+
+    #[test]
+    fn wrong_types_name_key_and_form() {
+        assert_eq!(
+            error("sampling_frequency: 0"),
+            "config file /etc/icecore.yaml: sampling_frequency: expected an integer number \
+             of samples per second from 1 to 10000, got 0"
+        );
+        assert!(error("sampling_frequency: 1.5").contains("got 1.5"));
+        assert!(error("sampling_frequency: -3").contains("got -3"));
+        assert!(error("sampling_frequency: [1]").contains("got a list"));
+        assert!(error("reporter_interval: 10").contains("reporter_interval: expected a duration"));
+        assert!(error("duration: true").contains("duration: expected a duration greater"));
+        assert!(error("pids: 5").contains("pids: expected a list of process IDs"));
+        assert!(error("pids: [1, 0]").contains("got 0 (item 2 of the list)"));
+        assert!(error("pids: [{a: 1}]").contains("got a mapping"));
+        assert!(error("http_address: {a: b}").contains("http_address: expected an IP socket"));
+        assert!(error("log_level: !custom x").contains("got a value tagged !custom"));
+        assert!(error("otlp_endpoint: 4317").contains("otlp_endpoint: expected an http://"));
+    }
+
+    #[test]
+    fn shape_and_syntax_errors() {
+        assert!(error("- a\n- b\n").contains("expected a mapping of settings"));
+        assert!(error("just text").contains("got \"just text\""));
+        let message = error("pids: [1, 2\nlog_level: info\n");
+        assert!(message.contains("invalid YAML"), "{message}");
+        assert!(message.contains("line"), "{message}");
+        assert!(error("log_level: a\nlog_level: b\n").contains("duplicate"));
+    }
+
+    #[test]
+    fn unknown_keys() {
+        assert_eq!(
+            error("log_level: info\n\n\"sampling_rate\" : 3\n"),
+            format!(
+                "config file /etc/icecore.yaml: unknown key \"sampling_rate\" at line 3; \
+                 accepted keys: {}",
+                KEYS.join(", ")
+            )
+        );
+        assert!(error("1: 2").contains("unknown key \"1\""));
+        assert!(error("? [a]\n: 2").contains("expected setting names as keys, got a list"));
+    }
+}

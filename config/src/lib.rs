@@ -1,0 +1,248 @@
+//! icecore's settings: the command line, an optional YAML config file, and
+//! their validation into one [`Config`].
+//!
+//! Every setting can come from a flag (`--sampling-frequency 99`), from the
+//! file named by `--config` (`sampling_frequency: 99`), or from its default;
+//! a flag wins over the file, and the file over the default. Values are
+//! checked wherever they come from, and a bad one gives an error that names
+//! the setting and the form it accepts.
+//!
+//! ```
+//! use icecore_config::Config;
+//!
+//! let config = Config::from_args(["icecore", "--sampling-frequency", "99"]).unwrap();
+//! assert_eq!(config.sampling_frequency_hz, 99);
+//! // No sink set: pprof files go to the default directory.
+//! assert!(config.pprof_dir_is_default);
+//! ```
+#![deny(missing_docs)]
+
+mod cli;
+mod file;
+mod validate;
+
+use std::ffi::OsString;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use cli::ABOUT;
+pub use file::KEYS as CONFIG_FILE_KEYS;
+pub use validate::{
+    MAX_REPORTER_INTERVAL, MAX_SAMPLING_FREQUENCY_HZ, MIN_REPORTER_INTERVAL,
+    MIN_SAMPLING_FREQUENCY_HZ,
+};
+
+/// Where pprof files go when neither an OTLP endpoint nor a pprof directory
+/// is configured.
+pub const DEFAULT_PPROF_DIR: &str = "/var/lib/icecore/pprof";
+/// The default sampling frequency, in samples per second on each CPU.
+pub const DEFAULT_SAMPLING_FREQUENCY_HZ: u32 = 19;
+/// The default period between exports.
+pub const DEFAULT_REPORTER_INTERVAL: Duration = Duration::from_secs(10);
+/// The default address of the HTTP server.
+pub const DEFAULT_HTTP_ADDRESS: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 7071);
+/// The default log level.
+pub const DEFAULT_LOG_LEVEL: &str = "info";
+
+/// An OTLP gRPC collector to export profiles to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpEndpoint {
+    /// The URL as written, starting with `http://` or `https://`.
+    pub url: String,
+    /// Whether the URL is `https://`, so the connection uses TLS.
+    pub tls: bool,
+}
+
+/// icecore's resolved settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The OTLP collector to export to, if any.
+    pub otlp: Option<OtlpEndpoint>,
+    /// The directory to write pprof files to, if any.
+    pub pprof_dir: Option<PathBuf>,
+    /// Whether `pprof_dir` is [`DEFAULT_PPROF_DIR`] because no sink was set.
+    pub pprof_dir_is_default: bool,
+    /// Samples per second on each CPU, from 1 to 10000.
+    pub sampling_frequency_hz: u32,
+    /// The period between exports, from 1s to 1h.
+    pub reporter_interval: Duration,
+    /// How long to run before flushing and exiting; `None` runs until stopped.
+    pub duration: Option<Duration>,
+    /// The processes to profile; empty profiles every process on the host.
+    pub pids: Vec<u32>,
+    /// The address of the HTTP server.
+    pub http_address: SocketAddr,
+    /// A level or a tracing `EnvFilter` directive string.
+    pub log_level: String,
+}
+
+/// Why the settings could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// clap's own error (also --help/--version, which the binary prints and exits with).
+    #[error("{0}")]
+    Cli(clap::Error),
+    /// A command-line flag's value is not in the form the flag accepts.
+    #[error("invalid --{flag} {value:?}: {message}")]
+    InvalidFlag {
+        /// The flag's name without the leading `--`.
+        flag: &'static str,
+        /// The value as given.
+        value: String,
+        /// The accepted form and what is wrong, starting with "expected".
+        message: String,
+    },
+    /// The config file could not be read.
+    #[error("config file {}: cannot read it: {source}", path.display())]
+    FileRead {
+        /// The file's path as given.
+        path: PathBuf,
+        /// The failure to read it.
+        source: std::io::Error,
+    },
+    /// The config file is not YAML, or not a mapping of settings.
+    #[error("config file {}: {message}", path.display())]
+    FileSyntax {
+        /// The file's path as given.
+        path: PathBuf,
+        /// What is wrong, with the line and column when known.
+        message: String,
+    },
+    /// The config file has a key that is not a setting.
+    #[error(
+        "config file {}: unknown key {key:?}{}; accepted keys: {}",
+        path.display(),
+        line.map(|l| format!(" at line {l}")).unwrap_or_default(),
+        file::KEYS.join(", ")
+    )]
+    UnknownKey {
+        /// The file's path as given.
+        path: PathBuf,
+        /// The unknown key.
+        key: String,
+        /// The 1-based line the key is on, when it could be found.
+        line: Option<usize>,
+    },
+    /// A config file value is not in the form its setting accepts.
+    #[error("config file {}: {key}: {message}", path.display())]
+    InvalidFileValue {
+        /// The file's path as given.
+        path: PathBuf,
+        /// The setting's key.
+        key: &'static str,
+        /// The accepted form, the value found and what is wrong.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// The exit code for this error: clap's own for [`ConfigError::Cli`]
+    /// (0 for --help and --version), 2 for every other.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ConfigError::Cli(e) => e.exit_code(),
+            _ => 2,
+        }
+    }
+}
+
+/// Settings from one source, each `None` where that source leaves it unset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Settings {
+    pub otlp: Option<OtlpEndpoint>,
+    pub pprof_dir: Option<PathBuf>,
+    pub sampling_frequency_hz: Option<u32>,
+    pub reporter_interval: Option<Duration>,
+    pub duration: Option<Duration>,
+    pub pids: Option<Vec<u32>>,
+    pub http_address: Option<SocketAddr>,
+    pub log_level: Option<String>,
+}
+
+impl Settings {
+    /// Each setting from `self` where set, else from `lower`.
+    fn over(self, lower: Settings) -> Settings {
+        Settings {
+            otlp: self.otlp.or(lower.otlp),
+            pprof_dir: self.pprof_dir.or(lower.pprof_dir),
+            sampling_frequency_hz: self.sampling_frequency_hz.or(lower.sampling_frequency_hz),
+            reporter_interval: self.reporter_interval.or(lower.reporter_interval),
+            duration: self.duration.or(lower.duration),
+            pids: self.pids.or(lower.pids),
+            http_address: self.http_address.or(lower.http_address),
+            log_level: self.log_level.or(lower.log_level),
+        }
+    }
+
+    /// Fills what is unset with the defaults.
+    fn resolve(self) -> Config {
+        let pprof_dir_is_default = self.otlp.is_none() && self.pprof_dir.is_none();
+        let pprof_dir = if pprof_dir_is_default {
+            Some(PathBuf::from(DEFAULT_PPROF_DIR))
+        } else {
+            self.pprof_dir
+        };
+        Config {
+            otlp: self.otlp,
+            pprof_dir,
+            pprof_dir_is_default,
+            sampling_frequency_hz: self
+                .sampling_frequency_hz
+                .unwrap_or(DEFAULT_SAMPLING_FREQUENCY_HZ),
+            reporter_interval: self.reporter_interval.unwrap_or(DEFAULT_REPORTER_INTERVAL),
+            duration: self.duration,
+            pids: self.pids.unwrap_or_default(),
+            http_address: self.http_address.unwrap_or(DEFAULT_HTTP_ADDRESS),
+            log_level: self
+                .log_level
+                .unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_owned()),
+        }
+    }
+}
+
+impl Default for Config {
+    /// Every default: no OTLP endpoint, pprof files in [`DEFAULT_PPROF_DIR`].
+    fn default() -> Self {
+        Settings::default().resolve()
+    }
+}
+
+impl Config {
+    /// Parses the command line (args include `argv[0]`) and the optional config file, then validates.
+    ///
+    /// A flag overrides the config file's value for the same setting; a
+    /// `--pid` list replaces the file's `pids` list rather than adding to it.
+    pub fn from_args<I, T>(args: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let cli = cli::parse(args)?;
+        let flags = cli.settings()?;
+        let file = match cli.config_path() {
+            Some(path) => file::load(path)?,
+            None => Settings::default(),
+        };
+        Ok(flags.over(file).resolve())
+    }
+
+    /// Reads and validates a config file alone, with defaults for what it
+    /// leaves out, as if it were given by `--config` with no other flags.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        Ok(file::load(path)?.resolve())
+    }
+
+    /// The clap command behind [`Config::from_args`], e.g. to render help.
+    pub fn command() -> clap::Command {
+        cli::command()
+    }
+
+    /// The period between samples in nanoseconds (1e9 / frequency).
+    ///
+    /// A frequency of 0, which validation never yields, is taken as 1 Hz.
+    pub fn period_nanos(&self) -> i64 {
+        1_000_000_000 / i64::from(self.sampling_frequency_hz.max(1))
+    }
+}

@@ -1,0 +1,434 @@
+//! Checks and parsers shared by the command line and the config file.
+//!
+//! Each parser takes the text a user wrote and returns the typed value or an
+//! [`Invalid`] that says which form is accepted, so that both front ends can
+//! word their errors the same way.
+
+use std::net::{Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::OtlpEndpoint;
+
+/// The lowest accepted sampling frequency, in samples per second.
+pub const MIN_SAMPLING_FREQUENCY_HZ: u32 = 1;
+/// The highest accepted sampling frequency, in samples per second.
+pub const MAX_SAMPLING_FREQUENCY_HZ: u32 = 10_000;
+/// The shortest accepted reporter interval.
+pub const MIN_REPORTER_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest accepted reporter interval.
+pub const MAX_REPORTER_INTERVAL: Duration = Duration::from_secs(3600);
+/// The highest accepted process ID (`pid_t` is a signed 32-bit integer).
+const MAX_PID: u64 = i32::MAX as u64;
+
+pub(crate) const EXPECTED_OTLP_ENDPOINT: &str =
+    "an http:// (plaintext) or https:// (TLS) URL with a host, like http://localhost:4317";
+pub(crate) const EXPECTED_PPROF_DIR: &str = "a non-empty directory path";
+pub(crate) const EXPECTED_SAMPLING_FREQUENCY: &str =
+    "an integer number of samples per second from 1 to 10000";
+pub(crate) const EXPECTED_REPORTER_INTERVAL: &str =
+    "a duration from 1s to 1h, like 10s, 1m30s or 5m";
+pub(crate) const EXPECTED_DURATION: &str = "a duration greater than zero, like 30s, 5m or 1h30m";
+pub(crate) const EXPECTED_PID: &str = "a process ID, an integer from 1 to 2147483647";
+pub(crate) const EXPECTED_PIDS: &str =
+    "a list of process IDs, integers from 1 to 2147483647, like [1234, 5678]";
+pub(crate) const EXPECTED_HTTP_ADDRESS: &str =
+    "an IP socket address like 127.0.0.1:7071 or [::1]:7071";
+pub(crate) const EXPECTED_LOG_LEVEL: &str = "a level (error, warn, info, debug or trace) \
+     or a comma-separated filter of level and target=level parts, like info,icecore_receiver=debug";
+
+/// The levels a log filter part may name (`off` disables a target).
+const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// A value outside its setting's accepted form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Invalid {
+    /// The accepted form, worded to follow "expected ".
+    pub expected: &'static str,
+    /// What in particular is wrong, when more can be said than the form.
+    pub detail: Option<String>,
+}
+
+impl Invalid {
+    fn new(expected: &'static str) -> Self {
+        Self {
+            expected,
+            detail: None,
+        }
+    }
+
+    fn because(expected: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            expected,
+            detail: Some(detail.into()),
+        }
+    }
+
+    /// `expected FORM` plus the detail, for a command-line flag.
+    pub fn flag_message(&self) -> String {
+        match &self.detail {
+            Some(detail) => format!("expected {} ({detail})", self.expected),
+            None => format!("expected {}", self.expected),
+        }
+    }
+
+    /// `expected FORM, got VALUE` plus the detail, for a config file key.
+    pub fn file_message(&self, got: &str) -> String {
+        match &self.detail {
+            Some(detail) => format!("expected {}, got {got} ({detail})", self.expected),
+            None => format!("expected {}, got {got}", self.expected),
+        }
+    }
+}
+
+/// Parses an OTLP endpoint URL: `http://` or `https://`, a host and an
+/// optional port; any path is kept as written.
+pub(crate) fn otlp_endpoint(text: &str) -> Result<OtlpEndpoint, Invalid> {
+    let fail = |detail: String| Invalid::because(EXPECTED_OTLP_ENDPOINT, detail);
+    if text.is_empty() {
+        return Err(fail("the URL is empty".into()));
+    }
+    if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(fail("the URL contains whitespace".into()));
+    }
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return Err(fail("the URL has no http:// or https:// scheme".into()));
+    };
+    let tls = if scheme.eq_ignore_ascii_case("http") {
+        false
+    } else if scheme.eq_ignore_ascii_case("https") {
+        true
+    } else {
+        return Err(fail(format!("unsupported scheme {scheme:?}")));
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    // Credentials, if any, precede the last '@'.
+    let host_port = authority.rsplit('@').next().unwrap_or_default();
+    let (host, port) = if let Some(bracketed) = host_port.strip_prefix('[') {
+        let Some((ip, after)) = bracketed.split_once(']') else {
+            return Err(fail("the IPv6 host has no closing ']'".into()));
+        };
+        if ip.parse::<Ipv6Addr>().is_err() {
+            return Err(fail(format!("{ip:?} is not an IPv6 address")));
+        }
+        let port = match after {
+            "" => None,
+            _ => match after.strip_prefix(':') {
+                Some(port) => Some(port),
+                None => return Err(fail(format!("unexpected {after:?} after the host"))),
+            },
+        };
+        (ip, port)
+    } else {
+        match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(fail("the URL has no host".into()));
+    }
+    if !host_port.starts_with('[')
+        && !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '%'))
+    {
+        return Err(fail(format!("{host:?} is not a valid host")));
+    }
+    if let Some(port) = port
+        && !matches!(port.parse::<u16>(), Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(fail(format!(
+            "{port:?} is not a port number from 1 to 65535"
+        )));
+    }
+    Ok(OtlpEndpoint {
+        url: text.to_owned(),
+        tls,
+    })
+}
+
+/// Checks a pprof output directory: any non-empty path without NUL bytes.
+pub(crate) fn pprof_dir(path: PathBuf) -> Result<PathBuf, Invalid> {
+    if path.as_os_str().is_empty() {
+        return Err(Invalid::because(EXPECTED_PPROF_DIR, "the path is empty"));
+    }
+    if path.as_os_str().as_encoded_bytes().contains(&0) {
+        return Err(Invalid::because(
+            EXPECTED_PPROF_DIR,
+            "the path contains a NUL byte",
+        ));
+    }
+    Ok(path)
+}
+
+/// Parses a sampling frequency written as text.
+pub(crate) fn sampling_frequency(text: &str) -> Result<u32, Invalid> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Invalid::new(EXPECTED_SAMPLING_FREQUENCY));
+    }
+    match text.parse::<u64>() {
+        Ok(n) => sampling_frequency_number(n),
+        Err(_) => Err(Invalid::because(
+            EXPECTED_SAMPLING_FREQUENCY,
+            "the number is too large",
+        )),
+    }
+}
+
+/// Checks a sampling frequency given as a number.
+pub(crate) fn sampling_frequency_number(n: u64) -> Result<u32, Invalid> {
+    match u32::try_from(n) {
+        Ok(hz) if (MIN_SAMPLING_FREQUENCY_HZ..=MAX_SAMPLING_FREQUENCY_HZ).contains(&hz) => Ok(hz),
+        _ => Err(Invalid::new(EXPECTED_SAMPLING_FREQUENCY)),
+    }
+}
+
+/// Parses a humantime duration, with humantime's complaint as the detail.
+fn humantime_duration(text: &str, expected: &'static str) -> Result<Duration, Invalid> {
+    humantime::parse_duration(text.trim()).map_err(|e| Invalid::because(expected, e.to_string()))
+}
+
+/// Parses the reporter interval: a duration from 1s to 1h.
+pub(crate) fn reporter_interval(text: &str) -> Result<Duration, Invalid> {
+    let interval = humantime_duration(text, EXPECTED_REPORTER_INTERVAL)?;
+    if interval < MIN_REPORTER_INTERVAL {
+        return Err(Invalid::because(
+            EXPECTED_REPORTER_INTERVAL,
+            "below the minimum of 1s",
+        ));
+    }
+    if interval > MAX_REPORTER_INTERVAL {
+        return Err(Invalid::because(
+            EXPECTED_REPORTER_INTERVAL,
+            "above the maximum of 1h",
+        ));
+    }
+    Ok(interval)
+}
+
+/// Parses the run duration: any duration greater than zero.
+pub(crate) fn run_duration(text: &str) -> Result<Duration, Invalid> {
+    let duration = humantime_duration(text, EXPECTED_DURATION)?;
+    if duration.is_zero() {
+        return Err(Invalid::because(EXPECTED_DURATION, "the duration is zero"));
+    }
+    Ok(duration)
+}
+
+/// Parses a process ID written as text.
+pub(crate) fn pid(text: &str) -> Result<u32, Invalid> {
+    let text = text.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Invalid::new(EXPECTED_PID));
+    }
+    text.parse::<u64>()
+        .map_err(|_| Invalid::new(EXPECTED_PID))
+        .and_then(pid_number)
+}
+
+/// Checks a process ID given as a number.
+pub(crate) fn pid_number(n: u64) -> Result<u32, Invalid> {
+    if n == 0 || n > MAX_PID {
+        return Err(Invalid::new(EXPECTED_PID));
+    }
+    u32::try_from(n).map_err(|_| Invalid::new(EXPECTED_PID))
+}
+
+/// Parses the HTTP listen address.
+pub(crate) fn http_address(text: &str) -> Result<SocketAddr, Invalid> {
+    text.trim()
+        .parse::<SocketAddr>()
+        .map_err(|_| Invalid::new(EXPECTED_HTTP_ADDRESS))
+}
+
+/// Checks a log filter: `level` or `target=level` parts separated by commas.
+/// Returns the filter with surrounding whitespace removed.
+pub(crate) fn log_level(text: &str) -> Result<String, Invalid> {
+    let fail = |detail: String| Invalid::because(EXPECTED_LOG_LEVEL, detail);
+    let trimmed = text.trim();
+    let mut parts = 0;
+    for part in trimmed.split(',').map(str::trim) {
+        if part.is_empty() {
+            continue;
+        }
+        parts += 1;
+        let level = match part.split_once('=') {
+            Some((target, level)) => {
+                let target = target.trim();
+                if target.is_empty() {
+                    return Err(fail(format!("{part:?} has no target before '='")));
+                }
+                if !target
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '-' | '.'))
+                {
+                    return Err(fail(format!("{target:?} is not a valid target")));
+                }
+                level.trim()
+            }
+            None => part,
+        };
+        if !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(level)) {
+            return Err(fail(format!("unknown level {level:?}")));
+        }
+    }
+    if parts == 0 {
+        return Err(fail("the filter is empty".into()));
+    }
+    Ok(trimmed.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn otlp_endpoints() {
+        let ok = |s: &str, tls: bool| {
+            assert_eq!(
+                otlp_endpoint(s),
+                Ok(OtlpEndpoint { url: s.into(), tls }),
+                "{s}"
+            );
+        };
+        ok("http://localhost:4317", false);
+        ok("https://collector.example.com", true);
+        ok("HTTPS://collector.example.com:443/v1", true);
+        ok("http://127.0.0.1:4317/", false);
+        ok("http://[::1]:4317", false);
+        ok("https://[2001:db8::1]", true);
+        ok("http://user:pw@host:4317", false);
+        for bad in [
+            "",
+            "localhost:4317",
+            "ftp://host",
+            "grpc://host:4317",
+            "http://",
+            "http:///path",
+            "http://:4317",
+            "http://host:",
+            "http://host:0",
+            "http://host:99999",
+            "http://host:12a",
+            "http://[::1",
+            "http://[zz]:1",
+            "http://[::1]x",
+            "http://ho st",
+            " http://host",
+            "http://ho$t",
+        ] {
+            let err = otlp_endpoint(bad).expect_err(bad);
+            assert_eq!(err.expected, EXPECTED_OTLP_ENDPOINT);
+            assert!(err.detail.is_some(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn frequencies() {
+        assert_eq!(sampling_frequency("1"), Ok(1));
+        assert_eq!(sampling_frequency("19"), Ok(19));
+        assert_eq!(sampling_frequency("10000"), Ok(10_000));
+        for bad in [
+            "",
+            "0",
+            "10001",
+            "-1",
+            "+5",
+            "1.5",
+            "abc",
+            " 19",
+            "99999999999999999999999",
+        ] {
+            assert!(sampling_frequency(bad).is_err(), "{bad}");
+        }
+        assert!(sampling_frequency_number(u64::MAX).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(reporter_interval("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(reporter_interval("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(reporter_interval("1m 30s"), Ok(Duration::from_secs(90)));
+        for bad in ["", "999ms", "1h 1s", "10", "ten seconds", "-1s"] {
+            assert!(reporter_interval(bad).is_err(), "{bad}");
+        }
+        assert_eq!(run_duration("1ns"), Ok(Duration::from_nanos(1)));
+        assert_eq!(run_duration("2days"), Ok(Duration::from_secs(2 * 86_400)));
+        for bad in ["", "0s", "0", "5", "soon"] {
+            assert!(run_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pids_and_addresses() {
+        assert_eq!(pid("1"), Ok(1));
+        assert_eq!(pid("2147483647"), Ok(2_147_483_647));
+        for bad in ["", "0", "-3", "2147483648", "abc", "1.0"] {
+            assert!(pid(bad).is_err(), "{bad}");
+        }
+        assert!(pid_number(0).is_err());
+        assert_eq!(
+            http_address("0.0.0.0:80"),
+            Ok("0.0.0.0:80".parse().expect("literal"))
+        );
+        assert!(http_address("[::1]:7071").is_ok());
+        for bad in [
+            "",
+            "localhost:7071",
+            "127.0.0.1",
+            "127.0.0.1:99999",
+            ":7071",
+        ] {
+            assert!(http_address(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn log_levels() {
+        for ok in [
+            "info",
+            "TRACE",
+            "off",
+            "info,icecore_receiver=debug",
+            "warn, icecore::otlp = trace",
+            "h2=off,info,",
+        ] {
+            assert!(log_level(ok).is_ok(), "{ok}");
+        }
+        assert_eq!(log_level("  debug ").as_deref(), Ok("debug"));
+        for bad in [
+            "",
+            " , ",
+            "verbose",
+            "info,foo=loud",
+            "=debug",
+            "foo[span]=debug",
+            "icecore",
+        ] {
+            let err = log_level(bad).expect_err(bad);
+            assert_eq!(err.expected, EXPECTED_LOG_LEVEL);
+        }
+    }
+
+    #[test]
+    fn messages() {
+        let bad = sampling_frequency("0").expect_err("zero");
+        assert_eq!(
+            bad.flag_message(),
+            "expected an integer number of samples per second from 1 to 10000"
+        );
+        assert_eq!(
+            bad.file_message("0"),
+            "expected an integer number of samples per second from 1 to 10000, got 0"
+        );
+        let bad = reporter_interval("10ms").expect_err("short");
+        assert!(
+            bad.file_message("\"10ms\"")
+                .ends_with("(below the minimum of 1s)")
+        );
+        assert!(pprof_dir(PathBuf::new()).is_err());
+        assert!(pprof_dir(PathBuf::from("a\0b")).is_err());
+        assert!(pprof_dir(PathBuf::from("out")).is_ok());
+    }
+}

@@ -1,0 +1,405 @@
+//! `Config::from_args` as the icecore binary calls it: flags, config files,
+//! precedence, defaults and error messages.
+#![allow(clippy::expect_used)] // helpers outside #[test] fns
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use icecore_config::{Config, ConfigError, DEFAULT_PPROF_DIR, OtlpEndpoint};
+use tempfile::NamedTempFile;
+
+fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+    Config::from_args(std::iter::once("icecore").chain(args.iter().copied()))
+}
+
+fn ok(args: &[&str]) -> Config {
+    match parse(args) {
+        Ok(config) => config,
+        Err(e) => panic!("{args:?}: {e}"),
+    }
+}
+
+fn err(args: &[&str]) -> String {
+    match parse(args) {
+        Ok(config) => panic!("{args:?} was accepted as {config:?}"),
+        Err(ConfigError::Cli(e)) => panic!("{args:?}: clap error, not a value error: {e}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn yaml(text: &str) -> NamedTempFile {
+    let mut file = NamedTempFile::new().expect("temp file");
+    file.write_all(text.as_bytes()).expect("write temp file");
+    file
+}
+
+fn path_of(file: &NamedTempFile) -> &str {
+    file.path().to_str().expect("utf-8 temp path")
+}
+
+#[test]
+fn defaults() {
+    let config = ok(&[]);
+    assert_eq!(config, Config::default());
+    assert_eq!(config.otlp, None);
+    assert_eq!(config.pprof_dir, Some(PathBuf::from(DEFAULT_PPROF_DIR)));
+    assert_eq!(
+        config.pprof_dir,
+        Some(PathBuf::from("/var/lib/icecore/pprof"))
+    );
+    assert!(config.pprof_dir_is_default);
+    assert_eq!(config.sampling_frequency_hz, 19);
+    assert_eq!(config.period_nanos(), 1_000_000_000 / 19);
+    assert_eq!(config.reporter_interval, Duration::from_secs(10));
+    assert_eq!(config.duration, None);
+    assert!(config.pids.is_empty());
+    assert_eq!(config.http_address.to_string(), "127.0.0.1:7071");
+    assert_eq!(config.log_level, "info");
+}
+
+#[test]
+fn each_flag() {
+    let config = ok(&[
+        "--otlp-endpoint",
+        "https://collector:4317",
+        "--sampling-frequency",
+        "99",
+        "--reporter-interval",
+        "1m",
+        "--duration",
+        "1500ms",
+        "--pid",
+        "42",
+        "--http-address",
+        "[::1]:9000",
+        "--log-level",
+        "info,icecore_receiver=debug",
+    ]);
+    assert_eq!(
+        config.otlp,
+        Some(OtlpEndpoint {
+            url: "https://collector:4317".into(),
+            tls: true
+        })
+    );
+    assert_eq!(config.pprof_dir, None);
+    assert!(!config.pprof_dir_is_default);
+    assert_eq!(config.sampling_frequency_hz, 99);
+    assert_eq!(config.period_nanos(), 10_101_010);
+    assert_eq!(config.reporter_interval, Duration::from_secs(60));
+    assert_eq!(config.duration, Some(Duration::from_millis(1500)));
+    assert_eq!(config.pids, vec![42]);
+    assert_eq!(config.http_address.to_string(), "[::1]:9000");
+    assert_eq!(config.log_level, "info,icecore_receiver=debug");
+
+    let config = ok(&["--pprof-dir", "/tmp/out", "--otlp-endpoint=http://h:1"]);
+    assert_eq!(config.pprof_dir, Some(PathBuf::from("/tmp/out")));
+    assert!(!config.pprof_dir_is_default);
+    assert_eq!(config.otlp.map(|o| o.tls), Some(false));
+    assert_eq!(
+        ok(&["--sampling-frequency", "10000"]).period_nanos(),
+        100_000
+    );
+    assert_eq!(ok(&["--log-level", "trace"]).log_level, "trace");
+}
+
+#[test]
+fn repeated_pid() {
+    assert_eq!(
+        ok(&["--pid", "1", "--pid", "200", "--pid=3000"]).pids,
+        vec![1, 200, 3000]
+    );
+    assert_eq!(ok(&["--pid", "7,8"]).pids, vec![7, 8]);
+}
+
+#[test]
+fn both_sinks() {
+    let config = ok(&[
+        "--otlp-endpoint",
+        "http://localhost:4317",
+        "--pprof-dir",
+        "out",
+    ]);
+    assert_eq!(
+        config.otlp.map(|o| o.url).as_deref(),
+        Some("http://localhost:4317")
+    );
+    assert_eq!(config.pprof_dir, Some(PathBuf::from("out")));
+    assert!(!config.pprof_dir_is_default);
+}
+
+#[test]
+fn default_pprof_dir_only_without_sink() {
+    let config = ok(&["--otlp-endpoint", "http://localhost:4317"]);
+    assert_eq!(config.pprof_dir, None);
+    assert!(!config.pprof_dir_is_default);
+    let config = ok(&["--pprof-dir", DEFAULT_PPROF_DIR]);
+    assert!(
+        !config.pprof_dir_is_default,
+        "set explicitly, not defaulted"
+    );
+    let file = yaml("sampling_frequency: 50\n");
+    let config = ok(&["--config", path_of(&file)]);
+    assert!(config.pprof_dir_is_default);
+    assert_eq!(config.pprof_dir, Some(PathBuf::from(DEFAULT_PPROF_DIR)));
+}
+
+const FULL_YAML: &str = "\
+# icecore settings
+otlp_endpoint: https://otel.example.com:4317
+pprof_dir: /srv/pprof
+sampling_frequency: 97
+reporter_interval: 30s
+duration: 2m
+pids: [10, 20]
+http_address: 0.0.0.0:8080
+log_level: debug
+";
+
+#[test]
+fn yaml_file() {
+    let file = yaml(FULL_YAML);
+    let config = ok(&["--config", path_of(&file)]);
+    assert_eq!(
+        config,
+        Config {
+            otlp: Some(OtlpEndpoint {
+                url: "https://otel.example.com:4317".into(),
+                tls: true
+            }),
+            pprof_dir: Some(PathBuf::from("/srv/pprof")),
+            pprof_dir_is_default: false,
+            sampling_frequency_hz: 97,
+            reporter_interval: Duration::from_secs(30),
+            duration: Some(Duration::from_secs(120)),
+            pids: vec![10, 20],
+            http_address: "0.0.0.0:8080".parse().expect("literal"),
+            log_level: "debug".into(),
+        }
+    );
+    assert_eq!(Config::from_file(file.path()).expect("from_file"), config);
+
+    let block_list = yaml("pids:\n  - 5\n  - 6\n");
+    assert_eq!(ok(&["--config", path_of(&block_list)]).pids, vec![5, 6]);
+    let empty = yaml("");
+    assert_eq!(ok(&["--config", path_of(&empty)]), Config::default());
+}
+
+#[test]
+fn flag_overrides_file() {
+    let file = yaml(FULL_YAML);
+    let config = ok(&[
+        "--sampling-frequency",
+        "11",
+        "--config",
+        path_of(&file),
+        "--pid",
+        "99",
+        "--log-level",
+        "warn",
+        "--otlp-endpoint",
+        "http://other:4317",
+    ]);
+    assert_eq!(config.sampling_frequency_hz, 11);
+    assert_eq!(config.pids, vec![99], "--pid replaces the file's list");
+    assert_eq!(config.log_level, "warn");
+    assert_eq!(config.otlp.as_ref().map(|o| o.tls), Some(false));
+    // What no flag sets still comes from the file.
+    assert_eq!(config.pprof_dir, Some(PathBuf::from("/srv/pprof")));
+    assert_eq!(config.reporter_interval, Duration::from_secs(30));
+    assert_eq!(config.duration, Some(Duration::from_secs(120)));
+    assert_eq!(config.http_address.to_string(), "0.0.0.0:8080");
+}
+
+#[test]
+fn unknown_yaml_key_is_named() {
+    let file = yaml("log_level: info\nsample_rate: 100\n");
+    let message = err(&["--config", path_of(&file)]);
+    assert!(message.contains(path_of(&file)), "{message}");
+    assert!(
+        message.contains("unknown key \"sample_rate\" at line 2"),
+        "{message}"
+    );
+    assert!(
+        message.contains("sampling_frequency"),
+        "lists accepted keys: {message}"
+    );
+}
+
+#[test]
+fn missing_and_malformed_files_name_the_path() {
+    let message = err(&["--config", "/nonexistent/icecore.yaml"]);
+    assert!(
+        message.starts_with("config file /nonexistent/icecore.yaml: cannot read it:"),
+        "{message}"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let dir_path = dir.path().to_str().expect("utf-8").to_owned();
+    assert!(err(&["--config", &dir_path]).contains(&dir_path));
+
+    let file = yaml("log_level: info\npids: [1, 2\n");
+    let message = err(&["--config", path_of(&file)]);
+    assert!(message.contains(path_of(&file)), "{message}");
+    assert!(message.contains("invalid YAML"), "{message}");
+    assert!(message.contains("line"), "{message}");
+    assert!(message.contains("column"), "{message}");
+
+    let list = yaml("- pprof_dir\n");
+    let message = err(&["--config", path_of(&list)]);
+    assert!(
+        message.contains("expected a mapping of settings"),
+        "{message}"
+    );
+}
+
+#[test]
+fn bad_flag_values_name_flag_and_form() {
+    assert_eq!(
+        err(&["--sampling-frequency", "abc"]),
+        "invalid --sampling-frequency \"abc\": \
+         expected an integer number of samples per second from 1 to 10000"
+    );
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "--otlp-endpoint",
+            "localhost:4317",
+            "http:// (plaintext) or https:// (TLS) URL",
+        ),
+        ("--otlp-endpoint", "ftp://host", "unsupported scheme"),
+        ("--otlp-endpoint", "http://", "no host"),
+        ("--pprof-dir", "", "non-empty directory path"),
+        ("--sampling-frequency", "0", "from 1 to 10000"),
+        ("--sampling-frequency", "10001", "from 1 to 10000"),
+        ("--sampling-frequency", "1.5", "integer"),
+        ("--reporter-interval", "500ms", "from 1s to 1h"),
+        ("--reporter-interval", "2h", "above the maximum of 1h"),
+        ("--reporter-interval", "ten", "like 10s"),
+        ("--duration", "0s", "greater than zero"),
+        ("--duration", "5", "like 30s"),
+        ("--pid", "0", "integer from 1"),
+        ("--pid", "-4", "integer from 1"),
+        ("--sampling-frequency", "-19", "from 1 to 10000"),
+        ("--pid", "x", "process ID"),
+        (
+            "--http-address",
+            "localhost",
+            "IP socket address like 127.0.0.1:7071",
+        ),
+        ("--log-level", "loud", "error, warn, info, debug or trace"),
+        ("--log-level", "", "the filter is empty"),
+        ("--log-level", "info,=debug", "no target"),
+    ];
+    for (flag, value, form) in cases {
+        let message = err(&[flag, value]);
+        let prefix = format!("invalid {flag} {value:?}: expected ");
+        assert!(message.starts_with(&prefix), "{message}");
+        assert!(message.contains(form), "{flag} {value}: {message}");
+    }
+}
+
+#[test]
+fn bad_file_values_name_key_and_form() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "otlp_endpoint: grpc://x",
+            "otlp_endpoint: expected an http://",
+        ),
+        (
+            "pprof_dir: ''",
+            "pprof_dir: expected a non-empty directory path, got \"\"",
+        ),
+        (
+            "sampling_frequency: 0",
+            "sampling_frequency: expected an integer number of samples per second \
+             from 1 to 10000, got 0",
+        ),
+        (
+            "sampling_frequency: abc",
+            "sampling_frequency: expected an integer",
+        ),
+        (
+            "reporter_interval: 100ms",
+            "reporter_interval: expected a duration from 1s to 1h",
+        ),
+        (
+            "duration: 0s",
+            "duration: expected a duration greater than zero, like 30s, 5m or 1h30m, got \"0s\" (the duration is zero)",
+        ),
+        ("pids: [0]", "pids: expected a list of process IDs"),
+        ("pids: 12", "pids: expected a list of process IDs"),
+        (
+            "http_address: nowhere",
+            "http_address: expected an IP socket address",
+        ),
+        ("log_level: [info]", "log_level: expected a level"),
+    ];
+    for (text, expected) in cases {
+        let file = yaml(text);
+        let message = err(&["--config", path_of(&file)]);
+        let prefix = format!("config file {}: ", path_of(&file));
+        assert!(message.starts_with(&prefix), "{message}");
+        assert!(message.contains(expected), "{text}: {message}");
+    }
+}
+
+#[test]
+fn flag_values_are_checked_even_when_file_is_fine() {
+    let file = yaml("sampling_frequency: 50\n");
+    let message = err(&["--config", path_of(&file), "--sampling-frequency", "0"]);
+    assert!(
+        message.starts_with("invalid --sampling-frequency \"0\""),
+        "{message}"
+    );
+}
+
+#[test]
+fn clap_errors_help_and_version() {
+    let cli = |args: &[&str]| match parse(args) {
+        Err(ConfigError::Cli(e)) => e,
+        other => panic!("{args:?}: expected a clap error, got {other:?}"),
+    };
+    let unknown = cli(&["--frequency", "5"]);
+    assert_eq!(unknown.kind(), clap::error::ErrorKind::UnknownArgument);
+    assert_eq!(ConfigError::Cli(unknown).exit_code(), 2);
+    assert_eq!(cli(&["--pid"]).kind(), clap::error::ErrorKind::InvalidValue);
+    assert_eq!(
+        cli(&["stray"]).kind(),
+        clap::error::ErrorKind::UnknownArgument
+    );
+
+    let help = cli(&["--help"]);
+    assert_eq!(help.kind(), clap::error::ErrorKind::DisplayHelp);
+    assert_eq!(help.exit_code(), 0);
+    let text = help.render().to_string();
+    assert!(text.contains(icecore_config::ABOUT), "{text}");
+    assert!(text.contains("Usage: icecore"), "{text}");
+    for (flag, default) in [
+        ("--otlp-endpoint <URL>", "[default: none]"),
+        ("--pprof-dir <DIR>", "[default: /var/lib/icecore/pprof"),
+        ("--sampling-frequency <HZ>", "[default: 19]"),
+        ("--reporter-interval <DURATION>", "[default: 10s]"),
+        ("--duration <DURATION>", "[default: run until stopped]"),
+        ("--pid <PID>", "[default: every process]"),
+        ("--http-address <ADDR>", "[default: 127.0.0.1:7071]"),
+        ("--config <FILE>", "[default: none]"),
+        ("--log-level <LEVEL>", "[default: info]"),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(flag))
+            .unwrap_or_else(|| panic!("no {flag} in {text}"));
+        assert!(line.contains(default), "{line}");
+    }
+    assert_eq!(
+        cli(&["--version"]).kind(),
+        clap::error::ErrorKind::DisplayVersion
+    );
+    Config::command().debug_assert();
+}
+
+#[test]
+fn error_exit_codes() {
+    let value_error = parse(&["--pid", "0"]).expect_err("pid 0");
+    assert_eq!(value_error.exit_code(), 2);
+}
