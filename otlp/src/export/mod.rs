@@ -1,0 +1,90 @@
+//! Sinks that ship a [`crate::model::ProfileBatch`] somewhere: an OTLP
+//! Profiles gRPC endpoint, or a directory of gzipped pprof files.
+
+mod otlp;
+mod pprof_dir;
+
+use std::path::PathBuf;
+
+pub use otlp::{ExportOutcome, MAX_MESSAGE_BYTES, OtlpExporter};
+pub use pprof_dir::PprofDirWriter;
+
+use crate::pprof::PprofError;
+
+/// Why a sink could not be set up or could not ship a batch.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The OTLP endpoint's scheme is neither `http://` nor `https://`.
+    #[error("unsupported OTLP endpoint {endpoint:?}: the scheme must be http:// or https://")]
+    UnsupportedScheme {
+        /// The endpoint as given.
+        endpoint: String,
+    },
+    /// The OTLP endpoint is not a valid URI.
+    #[error("invalid OTLP endpoint {endpoint:?}")]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// What tonic reported.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// TLS could not be set up for an `https://` endpoint (e.g. no native root certificates).
+    #[error("cannot set up TLS for OTLP endpoint {endpoint:?}")]
+    Tls {
+        /// The endpoint as given.
+        endpoint: String,
+        /// What tonic reported.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The encoded request exceeds the gRPC message size limit.
+    #[error("OTLP request is {size} bytes, over the {limit}-byte message limit")]
+    MessageTooLarge {
+        /// Encoded size of the request.
+        size: usize,
+        /// The limit it exceeds.
+        limit: usize,
+    },
+    /// The export call failed: connection error, timeout or an error status from the collector.
+    #[error("OTLP export to {endpoint} failed: {status}")]
+    Rpc {
+        /// The endpoint called.
+        endpoint: String,
+        /// The gRPC status (boxed: `Status` is large).
+        status: Box<tonic::Status>,
+    },
+    /// The pprof output directory could not be created.
+    #[error("cannot create pprof output directory {}", path.display())]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pprof output directory exists but a file cannot be written in it.
+    #[error("pprof output directory {} is not writable", path.display())]
+    DirNotWritable {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing or renaming a pprof file failed.
+    #[error("cannot write pprof file {}", path.display())]
+    WriteFile {
+        /// The file being written.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The batch could not be encoded as pprof.
+    #[error(transparent)]
+    Pprof(#[from] PprofError),
+}
+
+#[cfg(test)]
+mod tests;

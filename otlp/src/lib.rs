@@ -1,0 +1,20 @@
+//! Profile model, OTLP Profiles and pprof encoding, and the exporters (sinks).
+//!
+//! - [`model`]: what sources hand to sinks ([`model::ProfileBatch`]).
+//! - [`otlp_encode`]: OTLP Profiles v1.10 `ExportProfilesServiceRequest`.
+//! - [`pprof`]: pprof `perftools.profiles.Profile`, plain or gzipped.
+//! - [`export`]: [`OtlpExporter`] (gRPC) and [`PprofDirWriter`] (files).
+pub mod export;
+pub mod model;
+pub mod otlp_encode;
+pub mod pprof;
+#[cfg(test)]
+mod test_fixtures;
+
+pub use export::{ExportError, ExportOutcome, OtlpExporter, PprofDirWriter};
+pub use otlp_encode::encode_request;
+pub use pprof::{PprofError, encode_gzip, encode_profile};
+
+// Re-exported so users (benchmarks, the binary) encode with the same versions.
+pub use opentelemetry_proto;
+pub use prost;

@@ -1,0 +1,169 @@
+//! Encodes a [`ProfileBatch`] as an OTLP Profiles (proto v1.10)
+//! `ExportProfilesServiceRequest`: one dictionary for the request, one
+//! `ResourceProfiles` per process, each with one CPU `Profile` whose samples
+//! carry timestamps only (each timestamp counts one sample).
+
+mod dict;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+
+use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::profiles::v1development::{
+    Profile, ResourceProfiles, Sample, ScopeProfiles, ValueType,
+};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+
+use crate::model::{ProcessProfile, ProfileBatch};
+pub use dict::{ATTR_BUILD_ID_GNU, ATTR_FRAME_TYPE};
+use dict::{AttrValue, DictBuilder};
+
+/// Semantic-conventions schema the resource attributes follow.
+pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.38.0";
+/// Instrumentation scope name; Parca uses it as the profile name.
+pub const SCOPE_NAME: &str = "icecore";
+
+/// Sample attribute: the thread's name (`comm`).
+pub const ATTR_THREAD_NAME: &str = "thread.name";
+/// Sample attribute: the OS thread ID.
+pub const ATTR_THREAD_ID: &str = "thread.id";
+
+/// Builds the OTLP request for `batch`. `scope_version` becomes the
+/// instrumentation scope's version (normally icecore's version).
+///
+/// Processes without samples are left out, since a profile must hold at
+/// least one sample; the result may thus have no `resource_profiles`.
+pub fn encode_request(batch: &ProfileBatch, scope_version: &str) -> ExportProfilesServiceRequest {
+    let mut dict = DictBuilder::new();
+    let sample_type = ValueType {
+        type_strindex: dict.string("samples"),
+        unit_strindex: dict.string("count"),
+    };
+    let period_type = ValueType {
+        type_strindex: dict.string("cpu"),
+        unit_strindex: dict.string("nanoseconds"),
+    };
+    let (time_unix_nano, duration_nano) = window(batch);
+
+    let resource_profiles = batch
+        .processes
+        .iter()
+        .filter(|p| {
+            p.samples
+                .iter()
+                .any(|s| !s.timestamps_unix_nanos.is_empty())
+        })
+        .map(|process| {
+            let profile = Profile {
+                sample_type: Some(sample_type),
+                samples: samples(&mut dict, process),
+                time_unix_nano,
+                duration_nano,
+                period_type: Some(period_type),
+                period: batch.period_nanos,
+                ..Profile::default()
+            };
+            ResourceProfiles {
+                resource: Some(resource(batch, process)),
+                scope_profiles: vec![ScopeProfiles {
+                    scope: Some(InstrumentationScope {
+                        name: SCOPE_NAME.to_owned(),
+                        version: scope_version.to_owned(),
+                        ..InstrumentationScope::default()
+                    }),
+                    profiles: vec![profile],
+                    schema_url: String::new(),
+                }],
+                schema_url: SCHEMA_URL.to_owned(),
+            }
+        })
+        .collect();
+
+    ExportProfilesServiceRequest {
+        resource_profiles,
+        dictionary: Some(dict.finish()),
+    }
+}
+
+/// The profile window `(start, duration)`: the batch window, widened to cover
+/// any stray timestamp, since Parca rejects a profile with a timestamp outside
+/// its window and dropping the sample would lose data.
+pub(crate) fn window(batch: &ProfileBatch) -> (u64, u64) {
+    let timestamps = batch
+        .processes
+        .iter()
+        .flat_map(|p| &p.samples)
+        .flat_map(|s| &s.timestamps_unix_nanos);
+    let (min, max) = timestamps.fold((u64::MAX, 0), |(lo, hi), &t| (lo.min(t), hi.max(t)));
+    let start = batch.start_unix_nanos.min(min);
+    let end = batch
+        .start_unix_nanos
+        .saturating_add(batch.duration_nanos)
+        .max(max.saturating_add(1));
+    (start, end - start)
+}
+
+/// The process's samples, merging groups with the same stack and attributes.
+fn samples<'a>(dict: &mut DictBuilder<'a>, process: &'a ProcessProfile) -> Vec<Sample> {
+    let mut samples: Vec<Sample> = Vec::with_capacity(process.samples.len());
+    let mut by_identity: HashMap<(i32, [i32; 2]), usize> = HashMap::new();
+    for group in process
+        .samples
+        .iter()
+        .filter(|g| !g.timestamps_unix_nanos.is_empty())
+    {
+        let stack_index = dict.stack(&group.stack);
+        let attributes = [
+            dict.attribute(ATTR_THREAD_NAME, AttrValue::Str(&group.thread_name)),
+            dict.attribute(ATTR_THREAD_ID, AttrValue::Int(i64::from(group.thread_id))),
+        ];
+        match by_identity.get(&(stack_index, attributes)) {
+            Some(&at) => samples[at]
+                .timestamps_unix_nano
+                .extend_from_slice(&group.timestamps_unix_nanos),
+            None => {
+                by_identity.insert((stack_index, attributes), samples.len());
+                samples.push(Sample {
+                    stack_index,
+                    attribute_indices: attributes.to_vec(),
+                    link_index: 0,
+                    values: Vec::new(),
+                    timestamps_unix_nano: group.timestamps_unix_nanos.clone(),
+                });
+            }
+        }
+    }
+    samples
+}
+
+fn resource(batch: &ProfileBatch, process: &ProcessProfile) -> Resource {
+    let info = &process.process;
+    Resource {
+        attributes: vec![
+            string_kv("service.name", &info.service_name),
+            int_kv("process.pid", i64::from(info.pid)),
+            string_kv("process.executable.name", &info.executable_name),
+            string_kv("process.executable.path", &info.executable_path),
+            string_kv("host.name", &batch.host_name),
+        ],
+        ..Resource::default()
+    }
+}
+
+fn string_kv(key: &str, value: &str) -> KeyValue {
+    kv(key, any_value::Value::StringValue(value.to_owned()))
+}
+
+fn int_kv(key: &str, value: i64) -> KeyValue {
+    kv(key, any_value::Value::IntValue(value))
+}
+
+fn kv(key: &str, value: any_value::Value) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..KeyValue::default()
+    }
+}
