@@ -1,0 +1,25 @@
+//! User space of icecore's eBPF source: loads the BPF programs, samples every
+//! CPU, tracks processes, symbolizes frames and aggregates samples into the
+//! profile model of `icecore-otlp`.
+//!
+//! - [`sampler`]: BPF loading, perf events, the ring buffer and counters.
+//! - [`record`]: decoding ring-buffer records.
+//! - [`processes`], [`process_maps`]: what is known of each sampled process.
+//! - [`symbolize`]: native (ELF) and kernel (kallsyms) symbolization.
+//! - [`aggregate`]: per-interval aggregation into a `ProfileBatch`.
+//! - [`profiler`]: the source as a whole, driven by the binary.
+
+pub mod aggregate;
+pub mod clock;
+pub mod host;
+pub mod kernel_btf;
+pub mod process_maps;
+pub mod processes;
+pub mod profiler;
+pub mod record;
+pub mod sampler;
+pub mod symbolize;
+
+pub use icecore_unwinders::Counter;
+pub use profiler::{CpuProfiler, ProfilerOptions, ProfilerStats};
+pub use sampler::{SamplerError, SamplerOptions};

@@ -1,0 +1,163 @@
+//! What icecore knows of each sampled process: identity and memory mappings,
+//! learned from `/proc` on its first sample and dropped when it exits.
+
+use std::{
+    num::NonZeroUsize,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use icecore_otlp::model::ProcessInfo;
+use lru::LruCache;
+use tracing::debug;
+
+use crate::process_maps::{self, MappedFile, ProcessMappings};
+
+/// Re-reading a process's maps for an unknown address (a library loaded with
+/// `dlopen`, JIT code) happens at most this often per process.
+const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One tracked process.
+#[derive(Debug)]
+pub struct TrackedProcess {
+    /// Identity for the profile.
+    pub info: ProcessInfo,
+    /// Executable mappings; empty when the process was gone before they could be read.
+    pub mappings: ProcessMappings,
+    /// Start time in clock ticks since boot, to tell a reused PID from the original.
+    start_time: Option<u64>,
+    last_refresh: Instant,
+}
+
+impl TrackedProcess {
+    fn learn(pid: u32, comm: &str) -> Self {
+        let mappings = match ProcessMappings::read(pid) {
+            Ok(m) => m,
+            Err(e) => {
+                debug!(pid, "cannot read mappings: {e}");
+                ProcessMappings::default()
+            }
+        };
+        let path = process_maps::executable_path(pid).ok();
+        let name: Arc<str> = match &path {
+            Some(p) => Arc::from(p.rsplit('/').next().unwrap_or(p.as_str())),
+            None => Arc::from(comm),
+        };
+        TrackedProcess {
+            info: ProcessInfo {
+                pid,
+                executable_name: name.clone(),
+                executable_path: Arc::from(path.as_deref().unwrap_or("")),
+                service_name: name,
+            },
+            mappings,
+            start_time: process_maps::start_time_ticks(pid).ok(),
+            last_refresh: Instant::now(),
+        }
+    }
+
+    /// The mapping containing `address`, if known.
+    pub fn mapping(&self, address: u64) -> Option<&MappedFile> {
+        self.mappings.find(address)
+    }
+}
+
+/// Tracked processes, bounded in number (least recently sampled evicted).
+pub struct ProcessTable {
+    processes: LruCache<u32, TrackedProcess>,
+}
+
+impl ProcessTable {
+    /// A table holding at most `capacity` processes.
+    pub fn new(capacity: NonZeroUsize) -> Self {
+        ProcessTable {
+            processes: LruCache::new(capacity),
+        }
+    }
+
+    /// The process, learning it from `/proc` on first sight.
+    pub fn get_or_learn(&mut self, pid: u32, comm: &str) -> &mut TrackedProcess {
+        self.processes
+            .get_or_insert_mut(pid, || TrackedProcess::learn(pid, comm))
+    }
+
+    /// Re-reads the maps of `pid` when some of `addresses` fall outside every
+    /// known mapping (rate-limited per process).
+    pub fn refresh_if_unmapped(&mut self, pid: u32, addresses: impl IntoIterator<Item = u64>) {
+        let Some(process) = self.processes.peek_mut(&pid) else {
+            return;
+        };
+        if process.last_refresh.elapsed() < REFRESH_INTERVAL {
+            return;
+        }
+        if addresses
+            .into_iter()
+            .all(|a| process.mappings.find(a).is_some())
+        {
+            return;
+        }
+        process.last_refresh = Instant::now();
+        match ProcessMappings::read(pid) {
+            Ok(m) => process.mappings = m,
+            Err(e) => debug!(pid, "cannot refresh mappings: {e}"),
+        }
+    }
+
+    /// The process, if tracked.
+    pub fn get(&self, pid: u32) -> Option<&TrackedProcess> {
+        self.processes.peek(&pid)
+    }
+
+    /// Drops processes that exited (or whose PID now belongs to another
+    /// process). Returns how many were dropped.
+    pub fn sweep_exited(&mut self) -> usize {
+        let gone: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(pid, p)| match process_maps::start_time_ticks(**pid) {
+                Ok(now) => p.start_time.is_some_and(|then| then != now),
+                Err(e) => e.is_gone(),
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in &gone {
+            self.processes.pop(pid);
+        }
+        gone.len()
+    }
+
+    /// Number of tracked processes.
+    pub fn len(&self) -> usize {
+        self.processes.len()
+    }
+
+    /// Whether no process is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.processes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learns_this_process_and_sweeps_a_dead_one() {
+        let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
+        let me = std::process::id();
+        let p = table.get_or_learn(me, "test");
+        assert_eq!(p.info.pid, me);
+        assert!(!p.mappings.is_empty());
+        let here = learns_this_process_and_sweeps_a_dead_one as *const () as u64;
+        assert!(p.mapping(here).is_some(), "own code is mapped");
+
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        table.get_or_learn(pid, "true");
+        child.wait().unwrap();
+        assert_eq!(table.len(), 2);
+        assert_eq!(table.sweep_exited(), 1);
+        assert!(table.get(pid).is_none());
+        assert!(table.get(me).is_some());
+    }
+}

@@ -1,0 +1,277 @@
+//! The eBPF CPU profiler as a source of [`ProfileBatch`]es: drains the ring
+//! buffer on a timer (and on BPF's forced wakeups), learns processes lazily,
+//! and cuts a batch every reporting interval.
+
+use std::{
+    future::Future,
+    num::NonZeroUsize,
+    os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use icecore_otlp::model::ProfileBatch;
+use icecore_unwinders::Counter;
+use tokio::{io::unix::AsyncFd, sync::mpsc, time::MissedTickBehavior};
+use tracing::{debug, info, warn};
+
+use crate::{
+    aggregate::{Aggregator, BatchWindow, IntervalStats},
+    clock::MonotonicToUnix,
+    host,
+    processes::ProcessTable,
+    record::RawSample,
+    sampler::{CounterValues, CpuSampler, ProgramCost, SamplerError, SamplerOptions},
+    symbolize::{Symbolizer, SymbolizerLimits},
+};
+
+/// How often the ring buffer is drained when BPF does not force a wakeup.
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Settings of the eBPF CPU profiler.
+#[derive(Debug, Clone)]
+pub struct ProfilerOptions {
+    /// What to sample.
+    pub sampler: SamplerOptions,
+    /// How often a batch is cut.
+    pub reporter_interval: Duration,
+    /// Processes tracked at once (least recently sampled evicted).
+    pub max_processes: NonZeroUsize,
+    /// Samples kept per interval; more are dropped and counted.
+    pub max_samples_per_interval: usize,
+}
+
+impl ProfilerOptions {
+    /// Defaults for everything but what to sample.
+    pub fn new(sampler: SamplerOptions, reporter_interval: Duration) -> Self {
+        ProfilerOptions {
+            sampler,
+            reporter_interval,
+            max_processes: NonZeroUsize::new(16_384).unwrap_or(NonZeroUsize::MIN),
+            max_samples_per_interval: 2_000_000,
+        }
+    }
+}
+
+/// Running totals, readable while the profiler runs (for logs and metrics).
+#[derive(Debug, Clone, Default)]
+pub struct ProfilerStats {
+    /// BPF counters summed over CPUs.
+    pub counters: CounterValues,
+    /// Kernel-measured BPF cost.
+    pub bpf_cost: ProgramCost,
+    /// Ring-buffer records that failed to decode.
+    pub malformed_records: u64,
+    /// Samples put into batches.
+    pub samples_reported: u64,
+    /// Samples dropped at the per-interval limit.
+    pub samples_dropped: u64,
+    /// Batches produced.
+    pub batches: u64,
+    /// Processes currently tracked.
+    pub processes_tracked: usize,
+}
+
+/// The eBPF CPU profiler.
+pub struct CpuProfiler {
+    sampler: CpuSampler,
+    processes: ProcessTable,
+    symbolizer: Symbolizer,
+    aggregator: Aggregator,
+    clock: MonotonicToUnix,
+    host_name: Arc<str>,
+    period_nanos: i64,
+    window_start: u64,
+    stats: Arc<Mutex<ProfilerStats>>,
+    reporter_interval: Duration,
+}
+
+/// A duplicate of the ring buffer's fd, owned by the reactor registration.
+struct RingFd(OwnedFd);
+
+impl AsRawFd for RingFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+fn register_ring(fd: RawFd) -> std::io::Result<AsyncFd<RingFd>> {
+    // SAFETY: `fd` is the sampler's ring buffer fd, open for the sampler's
+    // lifetime; we only borrow it long enough to duplicate it.
+    let owned = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
+    // SAFETY: the duplicate is owned by the registration and closed only when
+    // the AsyncFd is dropped.
+    Ok(unsafe { AsyncFd::register(RingFd(owned)) }?)
+}
+
+impl CpuProfiler {
+    /// Loads the BPF programs and starts sampling.
+    pub fn start(options: &ProfilerOptions) -> Result<Self, SamplerError> {
+        match host::ensure_tracefs() {
+            Ok(true) => info!("mounted tracefs at {}", host::TRACEFS),
+            Ok(false) => {}
+            Err(e) => debug!("tracefs not mounted at {}: {e}", host::TRACEFS),
+        }
+        let sampler = CpuSampler::start(&options.sampler)?;
+        let hz = i64::from(options.sampler.frequency_hz.max(1));
+        Ok(CpuProfiler {
+            sampler,
+            processes: ProcessTable::new(options.max_processes),
+            symbolizer: Symbolizer::new(SymbolizerLimits::default()),
+            aggregator: Aggregator::new(options.max_samples_per_interval),
+            clock: MonotonicToUnix::measure(),
+            host_name: Arc::from(host::host_name()),
+            period_nanos: 1_000_000_000 / hz,
+            window_start: MonotonicToUnix::unix_now(),
+            stats: Arc::default(),
+            reporter_interval: options.reporter_interval,
+        })
+    }
+
+    /// Shared view of the running totals.
+    pub fn stats(&self) -> Arc<Mutex<ProfilerStats>> {
+        self.stats.clone()
+    }
+
+    /// Reads every waiting sample into the current interval.
+    pub fn drain(&mut self) -> usize {
+        let Self {
+            sampler,
+            processes,
+            aggregator,
+            clock,
+            stats,
+            ..
+        } = self;
+        let mut malformed = 0u64;
+        let n = sampler.drain(|bytes| match RawSample::decode(bytes) {
+            Ok(sample) => {
+                let pid = sample.header.pid;
+                let comm = String::from_utf8_lossy(sample.comm());
+                processes.get_or_learn(pid, &comm);
+                processes.refresh_if_unmapped(pid, sample.user_frames());
+                aggregator.add(&sample, clock.to_unix(sample.header.ktime_ns));
+            }
+            Err(e) => {
+                malformed += 1;
+                debug!("dropping ring-buffer record: {e}");
+            }
+        });
+        if malformed > 0
+            && let Ok(mut s) = stats.lock()
+        {
+            s.malformed_records += malformed;
+        }
+        n
+    }
+
+    /// Drains, then cuts the batch of the interval that ends now.
+    pub fn take_batch(&mut self) -> ProfileBatch {
+        self.drain();
+        let now = MonotonicToUnix::unix_now();
+        let window = BatchWindow {
+            start_unix_nanos: self.window_start,
+            duration_nanos: now.saturating_sub(self.window_start).max(1),
+            period_nanos: self.period_nanos,
+            host_name: self.host_name.clone(),
+        };
+        self.window_start = now;
+        let (batch, interval) =
+            self.aggregator
+                .take_batch(window, &mut self.processes, &mut self.symbolizer);
+        let exited = self.processes.sweep_exited();
+        self.clock = MonotonicToUnix::measure();
+        self.record_interval(interval, exited);
+        batch
+    }
+
+    fn record_interval(&mut self, interval: IntervalStats, exited: usize) {
+        let counters = self.sampler.counters().unwrap_or_default();
+        let cost = self.sampler.cost().unwrap_or_default();
+        let Ok(mut stats) = self.stats.lock() else {
+            return;
+        };
+        let lost = |c: &CounterValues| {
+            c.get(Counter::RingBufferFull)
+                + c.get(Counter::TailCallFailed)
+                + c.get(Counter::ScratchUnavailable)
+        };
+        let newly_lost = lost(&counters).saturating_sub(lost(&stats.counters));
+        if newly_lost > 0 || interval.dropped > 0 {
+            warn!(
+                lost_in_bpf = newly_lost,
+                dropped_at_limit = interval.dropped,
+                "samples lost this interval; see the BPF counters"
+            );
+        }
+        stats.counters = counters;
+        stats.bpf_cost = cost;
+        stats.samples_reported += interval.samples as u64;
+        stats.samples_dropped += interval.dropped;
+        stats.batches += 1;
+        stats.processes_tracked = self.processes.len();
+        debug!(
+            samples = interval.samples,
+            stacks = interval.stacks,
+            processes = self.processes.len(),
+            exited,
+            bpf_ns_per_sample = cost.run_time_ns.checked_div(cost.run_count).unwrap_or(0),
+            "interval"
+        );
+    }
+
+    /// Runs until `shutdown` completes: batches go to `batches` every
+    /// reporting interval, and a last one with whatever remains at shutdown.
+    pub async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()>,
+        batches: mpsc::Sender<ProfileBatch>,
+    ) -> ProfilerStats {
+        let ring = match register_ring(self.sampler.as_raw_fd()) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                warn!("ring buffer not pollable, draining on a timer only: {e}");
+                None
+            }
+        };
+        let mut poll = tokio::time::interval(POLL_INTERVAL);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let start = tokio::time::Instant::now() + self.reporter_interval;
+        let mut report = tokio::time::interval_at(start, self.reporter_interval);
+        report.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = poll.tick() => { self.drain(); }
+                ready = wait_readable(ring.as_ref()) => {
+                    self.drain();
+                    if let Some(mut guard) = ready {
+                        guard.clear_ready();
+                    }
+                }
+                _ = report.tick() => {
+                    let batch = self.take_batch();
+                    if batches.send(batch).await.is_err() {
+                        warn!("no sink is listening any more; stopping");
+                        break;
+                    }
+                }
+            }
+        }
+        let batch = self.take_batch();
+        if batches.send(batch).await.is_err() {
+            warn!("the final batch had no sink to go to");
+        }
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+async fn wait_readable(
+    ring: Option<&AsyncFd<RingFd>>,
+) -> Option<tokio::io::unix::AsyncFdReadyGuard<'_, RingFd>> {
+    match ring {
+        Some(fd) => fd.readable().await.ok(),
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,367 @@
+//! Loads icecore's BPF programs and samples every online CPU.
+
+use std::{
+    io,
+    os::fd::{AsRawFd, OwnedFd, RawFd},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
+    programs::{
+        PerfEvent,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+use icecore_unwinders::{COUNTER_COUNT, Counter, ProgramIndex};
+use tracing::{debug, info, warn};
+
+use crate::{host, kernel_btf};
+
+/// The compiled BPF object (see build.rs).
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/icecore"));
+
+const ENTRY_PROGRAM: &str = "on_cpu_sample";
+
+/// Why sampling could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SamplerError {
+    /// The process lacks the privileges to load BPF programs and open perf events.
+    #[error("icecore needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE")]
+    Privileges,
+    /// The kernel is older than the oldest one icecore supports.
+    #[error("icecore needs Linux 5.8 or newer for the BPF ring buffer (this is {0})")]
+    KernelTooOld(String),
+    /// The binary was built with AYA_BUILD_SKIP and carries no BPF programs.
+    #[error(
+        "this icecore binary was built without its BPF programs (AYA_BUILD_SKIP); rebuild it with bpf-linker installed"
+    )]
+    NoBpfObject,
+    /// The kernel refused the BPF object or one of its maps.
+    #[error("loading the BPF programs failed: {0}")]
+    Load(#[from] aya::EbpfError),
+    /// A program named in the object is missing.
+    #[error("BPF program {0} missing from the object")]
+    MissingProgram(&'static str),
+    /// A map named in the object is missing.
+    #[error("BPF map {0} missing from the object")]
+    MissingMap(&'static str),
+    /// The kernel's verifier rejected a program, or attaching it failed.
+    #[error("BPF program {name}: {source}")]
+    Program {
+        /// The program.
+        name: &'static str,
+        /// What went wrong.
+        source: aya::programs::ProgramError,
+    },
+    /// A map operation failed.
+    #[error("BPF map {name}: {source}")]
+    Map {
+        /// The map.
+        name: &'static str,
+        /// What went wrong.
+        source: aya::maps::MapError,
+    },
+    /// The online CPUs could not be listed.
+    #[error("cannot list online CPUs ({0}): {1}")]
+    OnlineCpus(&'static str, io::Error),
+}
+
+/// What to sample.
+#[derive(Debug, Clone)]
+pub struct SamplerOptions {
+    /// Samples per second per CPU.
+    pub frequency_hz: u32,
+    /// Only these processes; every process when empty.
+    pub pids: Vec<u32>,
+}
+
+/// Counter values summed over CPUs, in `Counter` index order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterValues(pub [u64; COUNTER_COUNT as usize]);
+
+impl CounterValues {
+    /// The value of one counter.
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize]
+    }
+}
+
+/// Kernel-measured cost of a BPF program (needs `kernel.bpf_stats_enabled`,
+/// which the sampler turns on while it runs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProgramCost {
+    /// Total nanoseconds spent, including tail-called programs.
+    pub run_time_ns: u64,
+    /// Number of runs.
+    pub run_count: u64,
+}
+
+/// The loaded, attached BPF programs and their maps.
+pub struct CpuSampler {
+    ebpf: Ebpf,
+    ring: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    // The kernel empties a program array when its last user-space reference
+    // closes, which would silently turn every tail call into a failure.
+    _programs: ProgramArray<MapData>,
+    _stats: Option<OwnedFd>,
+    cpus: usize,
+}
+
+impl CpuSampler {
+    /// Loads the programs and starts sampling every online CPU.
+    pub fn start(options: &SamplerOptions) -> Result<Self, SamplerError> {
+        host::check_privileges()?;
+        let release = host::kernel_release();
+        if host::kernel_version(&release).is_some_and(|v| v < (5, 8)) {
+            return Err(SamplerError::KernelTooOld(release));
+        }
+        if BPF_OBJECT.is_empty() {
+            return Err(SamplerError::NoBpfObject);
+        }
+        let cpus =
+            aya::util::online_cpus().map_err(|(what, e)| SamplerError::OnlineCpus(what, e))?;
+        let ring_bytes = ring_buffer_bytes(options.frequency_hz, cpus.len());
+        let wakeup_bytes = u64::from(ring_bytes / 4);
+        let task_stack_offset = match kernel_btf::member_offset_in_file(
+            std::path::Path::new(kernel_btf::VMLINUX_BTF),
+            "task_struct",
+            "stack",
+        ) {
+            Ok(offset) => u64::from(offset),
+            Err(e) => {
+                warn!("no user stacks for samples taken in kernel mode: {e}");
+                0
+            }
+        };
+        let filter = u8::from(!options.pids.is_empty());
+        let filter_capacity = u32::try_from(options.pids.len().max(1)).unwrap_or(u32::MAX);
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global("FILTER_BY_PID", &filter, true)
+            .override_global("TASK_STACK_OFFSET", &task_stack_offset, true)
+            .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
+            .map_max_entries("SAMPLES", ring_bytes)
+            .map_max_entries("PID_FILTER", filter_capacity)
+            .load(BPF_OBJECT)
+            .map_err(|e| permission_or(e, SamplerError::Load))?;
+
+        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                debug!("BPF run-time stats unavailable: {e}");
+                None
+            }
+        };
+
+        if !options.pids.is_empty() {
+            let map = ebpf
+                .map_mut("PID_FILTER")
+                .ok_or(SamplerError::MissingMap("PID_FILTER"))?;
+            let mut pid_filter: HashMap<_, u32, u8> =
+                HashMap::try_from(map).map_err(|source| SamplerError::Map {
+                    name: "PID_FILTER",
+                    source,
+                })?;
+            for &pid in &options.pids {
+                pid_filter
+                    .insert(pid, 1, 0)
+                    .map_err(|source| SamplerError::Map {
+                        name: "PID_FILTER",
+                        source,
+                    })?;
+            }
+        }
+
+        for (_, name) in ProgramIndex::ALL {
+            load_program(&mut ebpf, name)?;
+        }
+        load_program(&mut ebpf, ENTRY_PROGRAM)?;
+
+        let programs_map = ebpf
+            .take_map("PROGRAMS")
+            .ok_or(SamplerError::MissingMap("PROGRAMS"))?;
+        let mut programs =
+            ProgramArray::try_from(programs_map).map_err(|source| SamplerError::Map {
+                name: "PROGRAMS",
+                source,
+            })?;
+        for (index, name) in ProgramIndex::ALL {
+            let program = perf_program(&mut ebpf, name)?;
+            let fd = program
+                .fd()
+                .and_then(|fd| fd.try_clone().map_err(Into::into))
+                .map_err(|source| SamplerError::Program { name, source })?;
+            programs
+                .set(index as u32, &fd, 0)
+                .map_err(|source| SamplerError::Map {
+                    name: "PROGRAMS",
+                    source,
+                })?;
+        }
+
+        let ring = ebpf
+            .take_map("SAMPLES")
+            .ok_or(SamplerError::MissingMap("SAMPLES"))?;
+        let ring = RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
+            name: "SAMPLES",
+            source,
+        })?;
+        let counters = ebpf
+            .take_map("COUNTERS")
+            .ok_or(SamplerError::MissingMap("COUNTERS"))?;
+        let counters = PerCpuArray::try_from(counters).map_err(|source| SamplerError::Map {
+            name: "COUNTERS",
+            source,
+        })?;
+
+        let entry = perf_program(&mut ebpf, ENTRY_PROGRAM)?;
+        for &cpu in &cpus {
+            entry
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(u64::from(options.frequency_hz)),
+                    false,
+                )
+                .map_err(|source| permission_or_program(ENTRY_PROGRAM, source))?;
+        }
+        info!(
+            cpus = cpus.len(),
+            frequency_hz = options.frequency_hz,
+            ring_buffer_kib = ring_bytes / 1024,
+            pids = ?options.pids,
+            "sampling started"
+        );
+        Ok(CpuSampler {
+            ebpf,
+            ring,
+            counters,
+            _programs: programs,
+            _stats: stats,
+            cpus: cpus.len(),
+        })
+    }
+
+    /// Hands every record waiting in the ring buffer to `f`; never blocks.
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+        let mut n = 0;
+        while let Some(item) = self.ring.next() {
+            f(&item);
+            n += 1;
+        }
+        n
+    }
+
+    /// Counter values summed over CPUs.
+    pub fn counters(&self) -> Result<CounterValues, SamplerError> {
+        let mut values = CounterValues::default();
+        for counter in Counter::ALL {
+            let per_cpu =
+                self.counters
+                    .get(&(counter as u32), 0)
+                    .map_err(|source| SamplerError::Map {
+                        name: "COUNTERS",
+                        source,
+                    })?;
+            values.0[counter as usize] = per_cpu.iter().sum();
+        }
+        Ok(values)
+    }
+
+    /// Kernel-measured cost of the entry program, which includes every
+    /// tail-called program of the chain.
+    pub fn cost(&self) -> Option<ProgramCost> {
+        let program: &PerfEvent = self.ebpf.program(ENTRY_PROGRAM)?.try_into().ok()?;
+        let info = program.info().ok()?;
+        Some(ProgramCost {
+            run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+            run_count: info.run_count(),
+        })
+    }
+
+    /// Number of CPUs sampled.
+    pub fn cpu_count(&self) -> usize {
+        self.cpus
+    }
+}
+
+impl AsRawFd for CpuSampler {
+    /// The ring buffer's fd: readable when BPF forces a wakeup.
+    fn as_raw_fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+}
+
+/// Room for about one second of samples of 2 KiB, as a power of two between
+/// 1 MiB and 256 MiB (the kernel requires a power-of-two multiple of the page size).
+fn ring_buffer_bytes(frequency_hz: u32, cpus: usize) -> u32 {
+    let wanted = u64::from(frequency_hz)
+        .saturating_mul(cpus as u64)
+        .saturating_mul(2048);
+    let clamped = wanted.clamp(1 << 20, 1 << 28);
+    u32::try_from(clamped.next_power_of_two()).unwrap_or(1 << 28)
+}
+
+fn perf_program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut PerfEvent, SamplerError> {
+    ebpf.program_mut(name)
+        .ok_or(SamplerError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| SamplerError::Program { name, source })
+}
+
+fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), SamplerError> {
+    perf_program(ebpf, name)?
+        .load()
+        .map_err(|source| permission_or_program(name, source))
+}
+
+fn is_permission_denied(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(io) = e.downcast_ref::<io::Error>()
+            && io.kind() == io::ErrorKind::PermissionDenied
+        {
+            return true;
+        }
+        if e.to_string().contains("Operation not permitted") {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+fn permission_or<E: std::error::Error + 'static>(
+    error: E,
+    wrap: impl FnOnce(E) -> SamplerError,
+) -> SamplerError {
+    if is_permission_denied(&error) {
+        SamplerError::Privileges
+    } else {
+        wrap(error)
+    }
+}
+
+fn permission_or_program(name: &'static str, source: aya::programs::ProgramError) -> SamplerError {
+    permission_or(source, |source| SamplerError::Program { name, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_buffer_is_a_bounded_power_of_two() {
+        assert_eq!(ring_buffer_bytes(19, 2), 1 << 20);
+        assert_eq!(ring_buffer_bytes(997, 2), 1 << 22);
+        assert_eq!(ring_buffer_bytes(10_000, 4096), 1 << 28);
+        for (hz, cpus) in [(1, 1), (97, 64), (4999, 7)] {
+            assert!(ring_buffer_bytes(hz, cpus).is_power_of_two());
+        }
+    }
+}

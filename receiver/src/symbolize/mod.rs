@@ -1,0 +1,509 @@
+//! Symbolization of native (user-space ELF) and kernel frames into the profile model.
+//!
+//! [`Symbolizer`] turns an address inside a [`MappedFile`] into an
+//! `Arc<Frame>`: it parses each ELF file once ([`elf::ElfSymbols`], kept in a
+//! bounded LRU that remembers failures too), caches symbolized frames by
+//! (device, inode, file offset) so the same code in any process costs one hash
+//! look-up, and shares `Arc<Mapping>`s and function names between frames. Kernel
+//! frames use `/proc/kallsyms` ([`kallsyms::KernelSymbols`]), loaded on the first
+//! kernel frame.
+
+pub mod demangle;
+pub mod elf;
+pub mod kallsyms;
+#[cfg(test)]
+mod testutil;
+
+use std::borrow::Cow;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use icecore_otlp::model::{Frame, FrameKind, Line, Mapping};
+use lru::LruCache;
+
+use crate::process_maps::MappedFile;
+use elf::{ElfError, ElfSymbols, SymbolRef};
+use kallsyms::KernelSymbols;
+
+/// Name of the pseudo mapping kernel frames belong to.
+pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
+
+/// Bounds of the symbolizer's caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SymbolizerLimits {
+    /// Parsed ELF files kept, failed loads included.
+    pub max_files: usize,
+    /// Symbolized frames kept.
+    pub max_frames: usize,
+    /// Distinct mappings kept for sharing `Arc<Mapping>`s.
+    pub max_mappings: usize,
+    /// Demangled function names kept for sharing between frames of one function.
+    pub max_functions: usize,
+    /// Largest ELF file that is parsed, in bytes.
+    pub max_file_size: u64,
+    /// How long a file that could not be reached (process gone, no privilege) is
+    /// not tried again. Files that are not valid ELF are never retried while cached.
+    pub retry_unreachable_after: Duration,
+}
+
+impl Default for SymbolizerLimits {
+    fn default() -> Self {
+        SymbolizerLimits {
+            max_files: 256,
+            max_frames: 65536,
+            max_mappings: 8192,
+            max_functions: 65536,
+            max_file_size: elf::DEFAULT_MAX_FILE_SIZE,
+            retry_unreachable_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Counters of the symbolizer's work since it was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SymbolizerStats {
+    /// Frames served from the frame cache.
+    pub frame_cache_hits: u64,
+    /// Frames that had to be symbolized.
+    pub frame_cache_misses: u64,
+    /// Symbol look-ups that found the file already parsed (or known broken).
+    pub file_cache_hits: u64,
+    /// Symbol look-ups that had to open the file.
+    pub file_cache_misses: u64,
+    /// ELF files parsed successfully.
+    pub files_loaded: u64,
+    /// ELF files that could not be opened or parsed.
+    pub load_failures: u64,
+    /// Files currently in the file cache.
+    pub cached_files: usize,
+    /// Frames currently in the frame cache.
+    pub cached_frames: usize,
+    /// Kernel symbols loaded (0 before the first kernel frame or when unavailable).
+    pub kernel_symbols: usize,
+}
+
+/// What is known of one ELF file.
+#[derive(Clone)]
+enum CachedFile {
+    Loaded(Arc<ElfSymbols>),
+    /// Not ELF, malformed or too large: stays so while cached.
+    Broken,
+    /// Could not be opened through any path; retried after the instant.
+    Unreachable(Instant),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FileKey {
+    dev: (u32, u32),
+    inode: u64,
+    path: Arc<str>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum FrameKey {
+    Native {
+        dev: (u32, u32),
+        inode: u64,
+        file_offset: u64,
+    },
+    Kernel(u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct MappingKey {
+    start: u64,
+    end: u64,
+    file_offset: u64,
+    dev: (u32, u32),
+    inode: u64,
+    path: Arc<str>,
+}
+
+/// A function of a file (or of the kernel, with `inode` 0) by start address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FunctionKey {
+    dev: (u32, u32),
+    inode: u64,
+    address: u64,
+}
+
+/// Kernel symbols, loaded on the first kernel frame.
+enum KernelState {
+    NotLoaded,
+    Loaded(KernelSymbols, Arc<Mapping>),
+    Unavailable(Arc<Mapping>),
+}
+
+/// Turns addresses into shared, symbolized frames. Not thread-safe by itself: one
+/// per symbolizing task.
+pub struct Symbolizer {
+    limits: SymbolizerLimits,
+    files: LruCache<FileKey, CachedFile>,
+    frames: LruCache<FrameKey, Arc<Frame>>,
+    mappings: LruCache<MappingKey, Arc<Mapping>>,
+    functions: LruCache<FunctionKey, Line>,
+    kernel: KernelState,
+    stats: SymbolizerStats,
+}
+
+fn bound(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN)
+}
+
+impl Symbolizer {
+    /// A symbolizer with empty caches bounded by `limits` (zero bounds count as 1).
+    pub fn new(limits: SymbolizerLimits) -> Self {
+        Symbolizer {
+            limits,
+            files: LruCache::new(bound(limits.max_files)),
+            frames: LruCache::new(bound(limits.max_frames)),
+            mappings: LruCache::new(bound(limits.max_mappings)),
+            functions: LruCache::new(bound(limits.max_functions)),
+            kernel: KernelState::NotLoaded,
+            stats: SymbolizerStats::default(),
+        }
+    }
+
+    /// The limits the symbolizer was created with.
+    pub fn limits(&self) -> SymbolizerLimits {
+        self.limits
+    }
+
+    /// The frame for `address` in `mapping` of process `pid`.
+    ///
+    /// With `is_return_address` the address is first moved back by one byte so the
+    /// call instruction, not the one after it, is symbolized; the frame reports
+    /// that adjusted address. Unknown code gives a frame with its mapping and no
+    /// lines. The file is read as `/proc/<pid>/map_files/...` or
+    /// `/proc/<pid>/root/<path>` so files in containers and deleted files resolve.
+    pub fn native_frame(
+        &mut self,
+        pid: u32,
+        mapping: &MappedFile,
+        address: u64,
+        is_return_address: bool,
+    ) -> Arc<Frame> {
+        let address = if is_return_address {
+            address.saturating_sub(1)
+        } else {
+            address
+        };
+        let Some(file_offset) = mapping.file_offset_of(address) else {
+            return Self::unknown_frame(FrameKind::Native, address);
+        };
+        if mapping.is_vdso() {
+            let mapping = self.mapping_arc(mapping, None);
+            return Arc::new(Frame {
+                kind: FrameKind::Native,
+                address,
+                mapping: Some(mapping),
+                lines: Vec::new(),
+            });
+        }
+        let key = FrameKey::Native {
+            dev: mapping.dev,
+            inode: mapping.inode,
+            file_offset,
+        };
+        if let Some(cached) = self.frames.get(&key) {
+            self.stats.frame_cache_hits += 1;
+            if cached.address == address && same_mapping(cached.mapping.as_deref(), mapping) {
+                return Arc::clone(cached);
+            }
+            // Same code, other process or load address: reuse the symbolization.
+            let build_id = cached.mapping.as_ref().and_then(|m| m.build_id.clone());
+            let lines = cached.lines.clone();
+            let mapping = self.mapping_arc(mapping, build_id);
+            let frame = Arc::new(Frame {
+                kind: FrameKind::Native,
+                address,
+                mapping: Some(mapping),
+                lines,
+            });
+            self.frames.put(key, Arc::clone(&frame));
+            return frame;
+        }
+        self.stats.frame_cache_misses += 1;
+        let (symbols, transient) = self.file_symbols(pid, mapping);
+        let build_id = symbols.as_ref().and_then(|s| s.build_id().cloned());
+        let function = symbols
+            .as_deref()
+            .and_then(|s| s.lookup_file_offset(file_offset));
+        let lines = match function {
+            Some(function) => vec![self.function_line(mapping.dev, mapping.inode, function)],
+            None => Vec::new(),
+        };
+        let mapping = self.mapping_arc(mapping, build_id);
+        let frame = Arc::new(Frame {
+            kind: FrameKind::Native,
+            address,
+            mapping: Some(mapping),
+            lines,
+        });
+        // A frame left unsymbolized because the file was out of reach is not kept:
+        // another process may show the file later.
+        if !transient {
+            self.frames.put(key, Arc::clone(&frame));
+        }
+        frame
+    }
+
+    /// The frame for a kernel `address` (already adjusted if it is a return
+    /// address). Kernel symbols are loaded on first use; if they are unavailable a
+    /// warning is logged once and kernel frames carry no lines.
+    pub fn kernel_frame(&mut self, address: u64) -> Arc<Frame> {
+        if matches!(self.kernel, KernelState::NotLoaded) {
+            self.kernel = load_kernel();
+        }
+        let key = FrameKey::Kernel(address);
+        if let Some(cached) = self.frames.get(&key) {
+            self.stats.frame_cache_hits += 1;
+            return Arc::clone(cached);
+        }
+        self.stats.frame_cache_misses += 1;
+        let (found, mapping) = match &self.kernel {
+            KernelState::Loaded(symbols, mapping) => (
+                symbols
+                    .lookup_with_offset(address)
+                    .map(|(name, offset)| (Arc::<str>::from(name), address - offset)),
+                Arc::clone(mapping),
+            ),
+            KernelState::Unavailable(mapping) => (None, Arc::clone(mapping)),
+            KernelState::NotLoaded => (None, kernel_mapping(0)),
+        };
+        let lines = match found {
+            Some((name, start)) => {
+                let key = FunctionKey {
+                    dev: (0, 0),
+                    inode: 0,
+                    address: start,
+                };
+                vec![self.cached_line(key, &name)]
+            }
+            None => Vec::new(),
+        };
+        let frame = Arc::new(Frame {
+            kind: FrameKind::Kernel,
+            address,
+            mapping: Some(mapping),
+            lines,
+        });
+        self.frames.put(key, Arc::clone(&frame));
+        frame
+    }
+
+    /// A frame for an address outside any known mapping.
+    pub fn unknown_frame(kind: FrameKind, address: u64) -> Arc<Frame> {
+        Arc::new(Frame {
+            kind,
+            address,
+            mapping: None,
+            lines: Vec::new(),
+        })
+    }
+
+    /// Uses `symbols` for kernel frames instead of loading `/proc/kallsyms`.
+    pub fn set_kernel_symbols(&mut self, symbols: KernelSymbols) {
+        let mapping = kernel_mapping(symbols.first_address().unwrap_or(0));
+        self.kernel = KernelState::Loaded(symbols, mapping);
+        self.clear_kernel_frames();
+    }
+
+    /// Counters and cache sizes.
+    pub fn stats(&self) -> SymbolizerStats {
+        SymbolizerStats {
+            cached_files: self.files.len(),
+            cached_frames: self.frames.len(),
+            kernel_symbols: match &self.kernel {
+                KernelState::Loaded(symbols, _) => symbols.len(),
+                _ => 0,
+            },
+            ..self.stats
+        }
+    }
+
+    fn clear_kernel_frames(&mut self) {
+        let kernel_keys: Vec<FrameKey> = self
+            .frames
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| matches!(k, FrameKey::Kernel(_)))
+            .collect();
+        for key in kernel_keys {
+            self.frames.pop(&key);
+        }
+    }
+
+    /// The parsed symbols of the mapping's file, or `None` if it cannot be loaded
+    /// (then the bool says whether that may change, e.g. from another process).
+    fn file_symbols(&mut self, pid: u32, mapping: &MappedFile) -> (Option<Arc<ElfSymbols>>, bool) {
+        let key = FileKey {
+            dev: mapping.dev,
+            inode: mapping.inode,
+            path: Arc::clone(&mapping.path),
+        };
+        match self.files.get(&key) {
+            Some(CachedFile::Loaded(symbols)) => {
+                self.stats.file_cache_hits += 1;
+                return (Some(Arc::clone(symbols)), false);
+            }
+            Some(CachedFile::Broken) => {
+                self.stats.file_cache_hits += 1;
+                return (None, false);
+            }
+            Some(CachedFile::Unreachable(retry_at)) if Instant::now() < *retry_at => {
+                self.stats.file_cache_hits += 1;
+                return (None, true);
+            }
+            _ => {}
+        }
+        self.stats.file_cache_misses += 1;
+        let (cached, result) = match load_file(pid, mapping, self.limits.max_file_size) {
+            Ok(symbols) => {
+                self.stats.files_loaded += 1;
+                let symbols = Arc::new(symbols);
+                (
+                    CachedFile::Loaded(Arc::clone(&symbols)),
+                    (Some(symbols), false),
+                )
+            }
+            Err(error) => {
+                self.stats.load_failures += 1;
+                tracing::debug!(pid, path = %mapping.path, %error, "cannot load symbols");
+                if matches!(error, ElfError::Io { .. }) {
+                    let retry_at = Instant::now() + self.limits.retry_unreachable_after;
+                    (CachedFile::Unreachable(retry_at), (None, true))
+                } else {
+                    (CachedFile::Broken, (None, false))
+                }
+            }
+        };
+        self.files.put(key, cached);
+        result
+    }
+
+    /// The shared `Arc<Mapping>` for a mapping.
+    fn mapping_arc(&mut self, mapping: &MappedFile, build_id: Option<Arc<str>>) -> Arc<Mapping> {
+        let key = MappingKey {
+            start: mapping.start,
+            end: mapping.end,
+            file_offset: mapping.file_offset,
+            dev: mapping.dev,
+            inode: mapping.inode,
+            path: Arc::clone(&mapping.path),
+        };
+        if let Some(cached) = self.mappings.get(&key) {
+            return Arc::clone(cached);
+        }
+        let arc = Arc::new(Mapping {
+            memory_start: mapping.start,
+            memory_limit: mapping.end,
+            file_offset: mapping.file_offset,
+            filename: Arc::clone(&mapping.path),
+            build_id,
+        });
+        self.mappings.put(key, Arc::clone(&arc));
+        arc
+    }
+
+    /// The shared line of a file's function.
+    fn function_line(&mut self, dev: (u32, u32), inode: u64, function: SymbolRef<'_>) -> Line {
+        self.cached_line(
+            FunctionKey {
+                dev,
+                inode,
+                address: function.address,
+            },
+            function.name,
+        )
+    }
+
+    fn cached_line(&mut self, key: FunctionKey, name: &str) -> Line {
+        if let Some(line) = self.functions.get(&key) {
+            return line.clone();
+        }
+        let line = make_line(name);
+        self.functions.put(key, line.clone());
+        line
+    }
+}
+
+/// A line with the demangled name, sharing the string when nothing changed.
+fn make_line(name: &str) -> Line {
+    let system_name: Arc<str> = Arc::from(name);
+    let function_name = match demangle::demangle(name) {
+        Cow::Borrowed(same) if same.len() == name.len() => Arc::clone(&system_name),
+        other => Arc::from(other),
+    };
+    Line {
+        function_name,
+        system_name,
+        filename: None,
+        line: 0,
+    }
+}
+
+/// Whether a cached frame's mapping describes `mapping`.
+fn same_mapping(cached: Option<&Mapping>, mapping: &MappedFile) -> bool {
+    cached.is_some_and(|m| {
+        m.memory_start == mapping.start
+            && m.memory_limit == mapping.end
+            && m.file_offset == mapping.file_offset
+            && (Arc::ptr_eq(&m.filename, &mapping.path) || *m.filename == *mapping.path)
+    })
+}
+
+/// Loads the mapped file as the process sees it: the exact mapped file via
+/// `map_files` (needs privileges), then the path in the process's mount
+/// namespace, then the path here. A deleted file is only read via `map_files`.
+fn load_file(pid: u32, mapping: &MappedFile, max_size: u64) -> Result<ElfSymbols, ElfError> {
+    let mut candidates = vec![format!(
+        "/proc/{pid}/map_files/{:x}-{:x}",
+        mapping.start, mapping.end
+    )];
+    if !mapping.deleted {
+        candidates.push(format!("/proc/{pid}/root{}", mapping.path));
+        candidates.push(mapping.path.to_string());
+    }
+    let mut last_error = None;
+    for path in candidates {
+        match ElfSymbols::load_with_limit(&path, max_size) {
+            Ok(symbols) => return Ok(symbols),
+            // Unreachable this way (process gone, no privilege): try the next way.
+            Err(error @ ElfError::Io { .. }) => last_error = Some(error),
+            // The file itself is unusable; another path to it will not help.
+            Err(error) => return Err(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| ElfError::NotElf {
+        path: mapping.path.to_string(),
+    }))
+}
+
+fn kernel_mapping(start: u64) -> Arc<Mapping> {
+    Arc::new(Mapping {
+        memory_start: start,
+        memory_limit: u64::MAX,
+        file_offset: 0,
+        filename: Arc::from(KERNEL_MAPPING_NAME),
+        build_id: kallsyms::kernel_build_id().map(Arc::from),
+    })
+}
+
+fn load_kernel() -> KernelState {
+    match KernelSymbols::load() {
+        Ok(symbols) => {
+            let mapping = kernel_mapping(symbols.first_address().unwrap_or(0));
+            tracing::debug!(symbols = symbols.len(), "loaded kernel symbols");
+            KernelState::Loaded(symbols, mapping)
+        }
+        Err(error) => {
+            tracing::warn!(%error, "kernel symbols unavailable; kernel frames stay unsymbolized");
+            KernelState::Unavailable(kernel_mapping(0))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
