@@ -16,7 +16,10 @@ mod task;
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, generated::bpf_get_stack},
+    helpers::{
+        bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        generated::{bpf_get_current_comm, bpf_get_stack},
+    },
     macros::perf_event,
     programs::PerfEventContext,
 };
@@ -65,7 +68,11 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
     header.tid = ctx.pid();
     header.flags = 0;
     header.user_frames = 0;
-    header.comm = ctx.command().unwrap_or_default();
+    // Straight into the record: `ctx.command()` would zero a stack copy first.
+    // SAFETY: `comm` is a 16-byte buffer, the size passed.
+    if unsafe { bpf_get_current_comm(header.comm.as_mut_ptr().cast(), 16) } < 0 {
+        header.comm = [0; 16];
+    }
 
     // SAFETY: the buffer is the first MAX_KERNEL_FRAMES words of `frames`.
     let written = unsafe {

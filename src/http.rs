@@ -1,0 +1,126 @@
+//! The agent's own HTTP endpoints on `--http-address`: `/healthz` and
+//! Prometheus `/metrics` of the profiler's counters.
+
+use std::{
+    fmt::Write,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use anyhow::Context;
+use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
+use icecore_receiver::{Counter, ProfilerStats};
+use tracing::{info, warn};
+
+/// Binds the address and serves until the runtime shuts down.
+pub async fn serve(address: SocketAddr, stats: Arc<Mutex<ProfilerStats>>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("--http-address {address}: cannot listen"))?;
+    let bound = listener.local_addr().unwrap_or(address);
+    info!("serving /metrics and /healthz on http://{bound}");
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .with_state(stats);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!("HTTP endpoint stopped: {e}");
+        }
+    });
+    Ok(())
+}
+
+async fn metrics(State(stats): State<Arc<Mutex<ProfilerStats>>>) -> impl IntoResponse {
+    let snapshot = stats.lock().map(|s| s.clone()).unwrap_or_default();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        render(&snapshot),
+    )
+}
+
+/// Prometheus text exposition of the profiler's totals.
+fn render(stats: &ProfilerStats) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP icecore_bpf_events_total Outcomes of the BPF sampling programs, by counter.\n# TYPE icecore_bpf_events_total counter"
+    );
+    for counter in Counter::ALL {
+        let _ = writeln!(
+            out,
+            "icecore_bpf_events_total{{counter=\"{}\"}} {}",
+            counter.name(),
+            stats.counters.get(counter)
+        );
+    }
+    let scalars: [(&str, &str, &str, f64); 7] = [
+        (
+            "icecore_samples_reported_total",
+            "counter",
+            "Samples put into batches.",
+            stats.samples_reported as f64,
+        ),
+        (
+            "icecore_samples_dropped_total",
+            "counter",
+            "Samples dropped at the per-interval limit.",
+            stats.samples_dropped as f64,
+        ),
+        (
+            "icecore_malformed_records_total",
+            "counter",
+            "Ring-buffer records that failed to decode.",
+            stats.malformed_records as f64,
+        ),
+        (
+            "icecore_batches_total",
+            "counter",
+            "Batches produced.",
+            stats.batches as f64,
+        ),
+        (
+            "icecore_processes_tracked",
+            "gauge",
+            "Processes currently tracked.",
+            stats.processes_tracked as f64,
+        ),
+        (
+            "icecore_bpf_run_time_seconds_total",
+            "counter",
+            "Kernel-measured time in the BPF programs.",
+            stats.bpf_cost.run_time_ns as f64 / 1e9,
+        ),
+        (
+            "icecore_bpf_runs_total",
+            "counter",
+            "Runs of the BPF entry program.",
+            stats.bpf_cost.run_count as f64,
+        ),
+    ];
+    for (name, kind, help, value) in scalars {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_counter() {
+        let mut stats = ProfilerStats::default();
+        stats.counters.0[Counter::Emitted as usize] = 42;
+        stats.samples_reported = 40;
+        let text = render(&stats);
+        assert!(text.contains("icecore_bpf_events_total{counter=\"emitted\"} 42"));
+        assert!(text.contains("icecore_samples_reported_total 40"));
+        for counter in Counter::ALL {
+            assert!(text.contains(&format!("counter=\"{}\"", counter.name())));
+        }
+    }
+}

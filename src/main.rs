@@ -1,0 +1,97 @@
+//! icecore: a continuous eBPF CPU profiler exporting OTLP Profiles and pprof.
+//!
+//! The binary only wires the eBPF source (`icecore-receiver`) to the sinks
+//! (`icecore-otlp`) according to the settings (`icecore-config`).
+
+mod http;
+mod shutdown;
+mod sinks;
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use icecore_config::{Config, ConfigError};
+use icecore_receiver::{CpuProfiler, ProfilerOptions, SamplerOptions};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+use tracing_subscriber::EnvFilter;
+
+/// Batches waiting for the sinks; the source blocks (and keeps aggregating)
+/// when the sinks fall this far behind.
+const BATCH_QUEUE: usize = 4;
+
+fn main() -> ExitCode {
+    let config = match Config::from_args(std::env::args_os()) {
+        Ok(config) => config,
+        Err(ConfigError::Cli(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("icecore: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("icecore: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("icecore: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    info!(version = env!("CARGO_PKG_VERSION"), "icecore starting");
+    let sinks = sinks::Sinks::from_config(&config)?;
+    for line in sinks.describe() {
+        info!("{line}");
+    }
+
+    let sampler = SamplerOptions {
+        frequency_hz: config.sampling_frequency_hz,
+        pids: config.pids.clone(),
+    };
+    let options = ProfilerOptions::new(sampler, config.reporter_interval);
+    let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;
+    http::serve(config.http_address, profiler.stats()).await?;
+
+    let (batches_tx, batches_rx) = mpsc::channel(BATCH_QUEUE);
+    let sink_task = tokio::spawn(sinks.run(batches_rx));
+    let stats = profiler
+        .run(shutdown::signal_or_deadline(config.duration), batches_tx)
+        .await;
+    let sink_report = sink_task.await.context("the sink task failed")?;
+
+    let cost = stats.bpf_cost;
+    info!(
+        samples = stats.samples_reported,
+        batches = stats.batches,
+        emitted_by_bpf = stats.counters.get(icecore_receiver::Counter::Emitted),
+        bpf_ns_per_sample = cost.run_time_ns.checked_div(cost.run_count).unwrap_or(0),
+        exported = sink_report.batches_ok,
+        export_failures = sink_report.batches_failed,
+        "icecore stopped"
+    );
+    if sink_report.batches_failed > 0 {
+        warn!(
+            "{} batches could not be exported",
+            sink_report.batches_failed
+        );
+    }
+    Ok(())
+}
