@@ -22,7 +22,7 @@ const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 pub struct TrackedProcess {
     /// Identity for the profile.
     pub info: ProcessInfo,
-    /// Executable mappings; empty when the process was gone before they could be read.
+    /// File-backed mappings and the vDSO; empty when the process was gone before they could be read.
     pub mappings: ProcessMappings,
     /// Start time in clock ticks since boot, to tell a reused PID from the original.
     start_time: Option<u64>,
