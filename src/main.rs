@@ -49,7 +49,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("icecore: {e:#}");
+            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -57,6 +57,9 @@ fn main() -> ExitCode {
 
 async fn run(config: Config) -> anyhow::Result<()> {
     info!(version = env!("CARGO_PKG_VERSION"), "icecore starting");
+    // Before anything else: without privileges, nothing below can work, and
+    // that is the one thing to tell the user.
+    icecore_receiver::host::check_privileges()?;
     let sinks = sinks::Sinks::from_config(&config)?;
     for line in sinks.describe() {
         info!("{line}");

@@ -1,0 +1,234 @@
+// Copyright 2026 The icecore Authors
+// SPDX-License-Identifier: Apache-2.0
+
+//! Shared machinery of the end-to-end tests: root check, serialization of the
+//! root tests, running the real `icecore` binary, the fixture, the in-test OTLP
+//! receiver, an independent pprof decoder and the decoded-profile summary that
+//! the assertions of both output paths use.
+
+#![allow(dead_code)]
+// Test code: a panic is how a helper reports a failed expectation.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+pub mod fixture;
+pub mod otlp;
+pub mod pprof;
+pub mod receiver;
+pub mod summary;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Sampling frequency every profiling test uses (prime, so it does not alias
+/// with the fixture's 40 ms cycle or the kernel tick).
+pub const HZ: u32 = 97;
+
+/// Root of the `icecore` package (where `integration/` lives).
+pub fn package_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// True when the tests run as root. Otherwise prints why `test` is skipped and
+/// returns false; the caller then returns early (the test passes as skipped).
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        println!("skipping {test}: needs root (loads BPF programs); run the tests as root");
+        return false;
+    }
+    true
+}
+
+/// The profiling tests each burn a CPU with a fixture and measure sample rates, and
+/// each loads its own BPF programs: running them concurrently (cargo's default) would
+/// skew every number. Every root test holds this lock for its whole run.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Nanoseconds since the Unix epoch.
+pub fn unix_nanos(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+pub fn now_unix_nanos() -> u64 {
+    unix_nanos(SystemTime::now())
+}
+
+/// This machine's host name, as the kernel reports it.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// A running (or finished) `icecore` process. Output goes to files so that a
+/// chatty process can never block on a full pipe. Killed on drop if still running.
+pub struct Icecore {
+    child: Child,
+    args: Vec<String>,
+    stdout_path: PathBuf,
+    stderr_path: PathBuf,
+    /// When the process was spawned.
+    pub started: Instant,
+    pub started_unix_nanos: u64,
+    /// Set once the process has exited.
+    pub exited: Option<(ExitStatus, Instant, u64)>,
+}
+
+impl Icecore {
+    /// Path of the binary under test, built by cargo for this test target.
+    pub fn binary() -> &'static str {
+        env!("CARGO_BIN_EXE_icecore")
+    }
+
+    /// Spawns `icecore ARGS`, logging into `log_dir`.
+    pub fn spawn<S: AsRef<str>>(args: &[S], log_dir: &Path) -> Icecore {
+        Self::spawn_wrapped(&[] as &[&str], args, log_dir)
+    }
+
+    /// Spawns `WRAPPER... icecore ARGS` (e.g. a namespace wrapper script that
+    /// runs its trailing arguments), logging into `log_dir`.
+    pub fn spawn_wrapped<W: AsRef<str>, S: AsRef<str>>(
+        wrapper: &[W],
+        args: &[S],
+        log_dir: &Path,
+    ) -> Icecore {
+        let args: Vec<String> = args.iter().map(|a| a.as_ref().to_string()).collect();
+        let mut argv: Vec<String> = wrapper.iter().map(|a| a.as_ref().to_string()).collect();
+        argv.push(Self::binary().to_string());
+        argv.extend(args.iter().cloned());
+        let stdout_path = log_dir.join("icecore.stdout");
+        let stderr_path = log_dir.join("icecore.stderr");
+        let stdout = File::create(&stdout_path).expect("create icecore stdout file");
+        let stderr = File::create(&stderr_path).expect("create icecore stderr file");
+        println!("running: {}", argv.join(" "));
+        let started = Instant::now();
+        let started_unix_nanos = now_unix_nanos();
+        let child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", argv[0]));
+        Icecore {
+            child,
+            args,
+            stdout_path,
+            stderr_path,
+            started,
+            started_unix_nanos,
+            exited: None,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGTERM`) to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on a pid we own and have not reaped.
+        let rc = unsafe { libc::kill(self.pid(), signal) };
+        assert_eq!(rc, 0, "kill({}, {signal}) failed", self.pid());
+    }
+
+    /// Polls for exit until `timeout`; None if still running.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        if let Some((status, _, _)) = self.exited {
+            return Some(status);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    self.exited = Some((status, Instant::now(), now_unix_nanos()));
+                    return Some(status);
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => return None,
+                Err(e) => panic!("waiting for icecore: {e}"),
+            }
+        }
+    }
+
+    /// Waits for exit; on timeout kills the process and panics with its logs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        match self.wait_timeout(timeout) {
+            Some(status) => status,
+            None => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "icecore {:?} did not exit within {timeout:?}\n{}",
+                    self.args,
+                    self.logs()
+                );
+            }
+        }
+    }
+
+    /// Seconds from spawn to exit (panics if not exited).
+    pub fn run_seconds(&self) -> f64 {
+        let (_, at, _) = self.exited.expect("icecore has not exited");
+        at.duration_since(self.started).as_secs_f64()
+    }
+
+    pub fn exited_unix_nanos(&self) -> u64 {
+        self.exited.expect("icecore has not exited").2
+    }
+
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout_path).unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// The tail of both outputs, for failure messages.
+    pub fn logs(&self) -> String {
+        fn tail(s: &str, n: usize) -> String {
+            let lines: Vec<&str> = s.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        }
+        format!(
+            "--- icecore stdout (tail) ---\n{}\n--- icecore stderr (tail) ---\n{}\n---",
+            tail(&self.stdout(), 40),
+            tail(&self.stderr(), 60)
+        )
+    }
+
+    /// Asserts a clean exit (status 0), showing the logs otherwise.
+    pub fn assert_success(&self) {
+        let (status, _, _) = self.exited.expect("icecore has not exited");
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "icecore {:?} exited with {status}\n{}",
+            self.args,
+            self.logs()
+        );
+    }
+}
+
+impl Drop for Icecore {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            if let Ok(None) = self.child.try_wait() {
+                let _ = self.child.kill();
+            }
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,143 @@
+// Copyright 2026 The icecore Authors
+// SPDX-License-Identifier: Apache-2.0
+
+//! The decoded-profile summary that assertions on both output paths (OTLP and
+//! pprof) work on: one entry per decoded sample record.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// One frame of a decoded stack.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    /// Function name; empty when the frame is not symbolized.
+    pub function: String,
+    /// OTLP `profile.frame.type` of the location (`native`, `kernel`, …);
+    /// None when the format has no such notion (pprof) or it is missing.
+    pub kind: Option<String>,
+    /// Instruction address of the location.
+    pub address: u64,
+}
+
+impl Frame {
+    pub fn is_kernel(&self) -> bool {
+        self.kind.as_deref() == Some("kernel")
+    }
+
+    /// Name for display: the function, or the address when unsymbolized.
+    pub fn display_name(&self) -> String {
+        if self.function.is_empty() {
+            format!("0x{:x}", self.address)
+        } else {
+            self.function.clone()
+        }
+    }
+}
+
+/// One decoded sample record (an OTLP Sample or a pprof Sample).
+#[derive(Debug, Clone, Default)]
+pub struct DecodedSample {
+    /// Process ID: OTLP resource `process.pid`, pprof label `pid`.
+    pub pid: Option<i64>,
+    /// pprof label `comm`; OTLP resource `process.executable.name`.
+    pub comm: Option<String>,
+    /// OTLP sample attribute `thread.name`, pprof label `thread`.
+    pub thread_name: Option<String>,
+    /// OTLP sample attribute `thread.id` (pprof carries none).
+    pub thread_id: Option<i64>,
+    /// Frames, leaf first; inlined functions expanded innermost first.
+    pub stack: Vec<Frame>,
+    /// Number of CPU samples this record stands for.
+    pub count: u64,
+    /// Per-sample timestamps (OTLP only), Unix epoch nanoseconds.
+    pub timestamps: Vec<u64>,
+}
+
+impl DecodedSample {
+    pub fn contains(&self, function: &str) -> bool {
+        self.stack.iter().any(|f| f.function == function)
+    }
+
+    pub fn leaf(&self) -> Option<&Frame> {
+        self.stack.first()
+    }
+
+    /// Function names, leaf first.
+    pub fn names(&self) -> Vec<&str> {
+        self.stack.iter().map(|f| f.function.as_str()).collect()
+    }
+
+    /// Folded stack, root first ("main;run_cycle;hot_alpha"), kernel frames marked.
+    pub fn folded(&self) -> String {
+        self.stack
+            .iter()
+            .rev()
+            .map(|f| {
+                if f.is_kernel() {
+                    format!("{}_[k]", f.display_name())
+                } else {
+                    f.display_name()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(";")
+    }
+}
+
+pub fn total(samples: &[DecodedSample]) -> u64 {
+    samples.iter().map(|s| s.count).sum()
+}
+
+/// Samples whose stack contains `function` (inclusive count).
+pub fn inclusive(samples: &[DecodedSample], function: &str) -> u64 {
+    samples
+        .iter()
+        .filter(|s| s.contains(function))
+        .map(|s| s.count)
+        .sum()
+}
+
+/// Sum of counts of the samples matching `pred`.
+pub fn count_where(samples: &[DecodedSample], pred: impl Fn(&DecodedSample) -> bool) -> u64 {
+    samples.iter().filter(|s| pred(s)).map(|s| s.count).sum()
+}
+
+/// Counts per pid.
+pub fn by_pid(samples: &[DecodedSample]) -> BTreeMap<Option<i64>, u64> {
+    let mut m = BTreeMap::new();
+    for s in samples {
+        *m.entry(s.pid).or_default() += s.count;
+    }
+    m
+}
+
+/// The `n` heaviest folded stacks with counts, for diagnostics.
+pub fn top_stacks(samples: &[DecodedSample], n: usize) -> String {
+    let mut m: BTreeMap<String, u64> = BTreeMap::new();
+    for s in samples {
+        let key = format!(
+            "[pid {} tid {} {}] {}",
+            s.pid.map_or("?".into(), |p| p.to_string()),
+            s.thread_id.map_or("?".into(), |p| p.to_string()),
+            s.thread_name.as_deref().unwrap_or("?"),
+            s.folded()
+        );
+        *m.entry(key).or_default() += s.count;
+    }
+    let mut v: Vec<_> = m.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut out = String::new();
+    for (stack, count) in v.into_iter().take(n) {
+        let _ = writeln!(out, "{count:6} {stack}");
+    }
+    out
+}
+
+/// Percentage `part / whole`, 0 when `whole` is 0.
+pub fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
