@@ -23,6 +23,17 @@ if ((${#need_apt[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
+# A fresh Debian 12 has no Rust: install rustup and a stable toolchain.
+if ! command -v cargo >/dev/null && [[ -x $HOME/.cargo/bin/cargo ]]; then
+  export PATH=$HOME/.cargo/bin:$PATH
+fi
+if ! command -v cargo >/dev/null; then
+  log "installing Rust (rustup, stable toolchain)"
+  command -v curl >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl ca-certificates >/dev/null; }
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
+  export PATH=$HOME/.cargo/bin:$PATH
+fi
+
 if ! rustup toolchain list | grep -q '^nightly'; then
   log "installing the nightly toolchain"
   rustup toolchain install nightly --profile minimal

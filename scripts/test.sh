@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Runs every test: lint, host unit tests, and the root end-to-end tests that
-# load the BPF programs and profile real processes. Installs the BPF toolchain
+# Runs every test: lint, host unit tests, the root end-to-end tests that load
+# the BPF programs and profile real processes, and the kernel matrix (qemu). Installs the BPF toolchain
 # first when it is missing (scripts/setup-toolchain.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup-toolchain.sh
+export PATH=$HOME/.cargo/bin:$PATH  # where a fresh rustup install puts cargo
 command -v clang >/dev/null || { echo "test: clang is needed for the fixtures" >&2; exit 1; }
 
 echo "== format"
@@ -13,6 +14,18 @@ cargo fmt --all -- --check
 echo "== clippy"
 cargo clippy --all-targets --locked -- -D warnings
 echo "== tests"
-# One test thread for the end-to-end tests: each one samples the whole machine
-# and they would disturb each other's proportions.
-cargo test --locked -- --test-threads=1
+# Release: the end-to-end tests then exercise the binary users run, and the
+# kernel matrix below reuses it. One test thread: each end-to-end test samples
+# the whole machine and they would disturb each other's proportions.
+cargo test --release --locked -- --test-threads=1
+
+# The BPF programs on every kernel generation icecore supports (5.10 to 7.3),
+# booted under qemu: verifiers differ, and only loading proves acceptance.
+if [[ ${ICECORE_SKIP_KERNEL_MATRIX:-0} == 1 ]]; then
+  echo "== kernel matrix: skipped (ICECORE_SKIP_KERNEL_MATRIX=1)"
+elif [[ $(id -u) -ne 0 ]]; then
+  echo "== kernel matrix: skipped (needs root to install qemu and read kernel packages)"
+else
+  echo "== kernel matrix"
+  ICECORE_BIN=target/release/icecore scripts/kernel-matrix.sh
+fi
