@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: lint, host unit tests, the root end-to-end tests that load
-# the BPF programs and profile real processes, and the kernel matrix (qemu). Installs the BPF toolchain
-# first when it is missing (scripts/setup-toolchain.sh).
+# the BPF programs and profile real processes, and the kernel matrix (qemu).
+# Installs the BPF toolchain first when it is missing (scripts/setup-toolchain.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
