@@ -6,7 +6,6 @@
 //! receiver, an independent pprof decoder and the decoded-profile summary that
 //! the assertions of both output paths use.
 
-#![allow(dead_code)]
 // Test code: a panic is how a helper reports a failed expectation.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -14,6 +13,7 @@ pub mod fixture;
 pub mod otlp;
 pub mod pprof;
 pub mod receiver;
+pub mod run;
 pub mod summary;
 
 use std::fs::File;
@@ -207,6 +207,19 @@ impl Icecore {
             tail(&self.stdout(), 40),
             tail(&self.stderr(), 60)
         )
+    }
+
+    /// Both outputs in full, stdout first.
+    pub fn output(&self) -> String {
+        format!("{}{}", self.stdout(), self.stderr())
+    }
+
+    /// Waits for exit within `timeout` (see `wait_exit`), prints the logs and
+    /// asserts a clean exit.
+    pub fn wait_success(&mut self, timeout: Duration) {
+        self.wait_exit(timeout);
+        println!("{}", self.logs());
+        self.assert_success();
     }
 
     /// Asserts a clean exit (status 0), showing the logs otherwise.

@@ -1,9 +1,10 @@
 // Copyright 2026 The icecore Authors
 // SPDX-License-Identifier: Apache-2.0
 
-//! Independent pprof decoder: compiles the vendored `integration/proto/profile.proto`
+//! Independent pprof decoder: compiles the pprof schema `otlp/proto/profile.proto`
 //! with protox at test time and walks `perftools.profiles.Profile` reflectively,
-//! by field name, so it shares no code with icecore's encoder.
+//! by field name, so it shares no code with icecore's encoder (only the schema
+//! file, which the `otlp` crate generates its message types from).
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read as _;
@@ -32,7 +33,7 @@ pub struct PprofProfile {
 fn pool() -> &'static DescriptorPool {
     static POOL: OnceLock<DescriptorPool> = OnceLock::new();
     POOL.get_or_init(|| {
-        let dir = super::package_dir().join("integration/proto");
+        let dir = super::package_dir().join("otlp/proto");
         let fds = protox::compile(["profile.proto"], [&dir]).unwrap_or_else(|e| {
             panic!("protox cannot compile {}/profile.proto: {e}", dir.display())
         });
@@ -335,6 +336,35 @@ pub fn decode_dir(dir: &Path) -> Vec<PprofProfile> {
 /// All samples of all profiles.
 pub fn all_samples(profiles: &[PprofProfile]) -> Vec<DecodedSample> {
     profiles.iter().flat_map(|p| p.samples.clone()).collect()
+}
+
+/// Every pprof file of a directory, validated, and all their samples.
+pub struct Written {
+    /// Ordered by profile start time.
+    pub profiles: Vec<PprofProfile>,
+    pub samples: Vec<DecodedSample>,
+}
+
+/// Decodes every `*.pb.gz` in `dir` and asserts that they are valid icecore
+/// pprof files sampled at `hz`.
+pub fn read_valid(dir: &Path, hz: u32) -> Written {
+    let profiles = decode_dir(dir);
+    assert_valid(&profiles, hz);
+    let samples = all_samples(&profiles);
+    Written { profiles, samples }
+}
+
+/// Every file in the pprof dir must be a finished `*.pb.gz` (they are written to a
+/// temporary name and renamed, so no partial file may remain after exit).
+pub fn assert_only_pprof_files(dir: &Path) {
+    let strays: Vec<_> = dir_entries(dir)
+        .into_iter()
+        .filter(|p| !p.to_string_lossy().ends_with(".pb.gz"))
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "unexpected files left in the pprof dir: {strays:?}"
+    );
 }
 
 /// Structural assertions every icecore pprof file must satisfy.

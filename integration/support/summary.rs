@@ -67,6 +67,30 @@ impl DecodedSample {
         self.stack.iter().map(|f| f.function.as_str()).collect()
     }
 
+    /// Frames that are not kernel frames (the user-space part of the stack), leaf first.
+    pub fn user_names(&self) -> Vec<&str> {
+        self.stack
+            .iter()
+            .filter(|f| !f.is_kernel())
+            .map(|f| f.function.as_str())
+            .collect()
+    }
+
+    /// True when no kernel frame follows (is rootward of) a user frame.
+    pub fn kernel_frames_are_leafward(&self) -> bool {
+        let mut seen_user = false;
+        for f in &self.stack {
+            if f.is_kernel() {
+                if seen_user {
+                    return false;
+                }
+            } else {
+                seen_user = true;
+            }
+        }
+        true
+    }
+
     /// Folded stack, root first ("main;run_cycle;hot_alpha"), kernel frames marked.
     pub fn folded(&self) -> String {
         self.stack
@@ -102,6 +126,14 @@ pub fn count_where(samples: &[DecodedSample], pred: impl Fn(&DecodedSample) -> b
     samples.iter().filter(|s| pred(s)).map(|s| s.count).sum()
 }
 
+/// The samples matching `pred`, cloned.
+pub fn filtered(
+    samples: &[DecodedSample],
+    pred: impl Fn(&DecodedSample) -> bool,
+) -> Vec<DecodedSample> {
+    samples.iter().filter(|s| pred(s)).cloned().collect()
+}
+
 /// Counts per pid.
 pub fn by_pid(samples: &[DecodedSample]) -> BTreeMap<Option<i64>, u64> {
     let mut m = BTreeMap::new();
@@ -109,6 +141,17 @@ pub fn by_pid(samples: &[DecodedSample]) -> BTreeMap<Option<i64>, u64> {
         *m.entry(s.pid).or_default() += s.count;
     }
     m
+}
+
+/// Asserts that every sample belongs to `pid`; on failure the message is
+/// `"{what}: {counts by pid:?}"`.
+pub fn assert_only_pid(samples: &[DecodedSample], pid: u32, what: &str) {
+    let pids = by_pid(samples);
+    assert_eq!(
+        pids.keys().copied().collect::<Vec<_>>(),
+        vec![Some(pid as i64)],
+        "{what}: {pids:?}"
+    );
 }
 
 /// The `n` heaviest folded stacks with counts, for diagnostics.
@@ -140,4 +183,22 @@ pub fn pct(part: u64, whole: u64) -> f64 {
     } else {
         100.0 * part as f64 / whole as f64
     }
+}
+
+/// A kernel function on the system call path (`*sys_*`, `entry_SYSCALL*`, `do_syscall*`).
+pub fn looks_like_kernel_syscall_path(name: &str) -> bool {
+    name.contains("sys_") || name.contains("entry_SYSCALL") || name.contains("do_syscall")
+}
+
+/// A kernel symbol: non-empty, not a raw address, identifier-like characters.
+pub fn looks_like_symbol(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with("0x")
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$' | '@'))
 }

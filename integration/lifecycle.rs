@@ -1,0 +1,421 @@
+// Copyright 2026 The icecore Authors
+// SPDX-License-Identifier: Apache-2.0
+
+//! End-to-end tests of how the agent runs: the real `icecore` binary flushes
+//! and exits cleanly on SIGTERM, takes its settings from a YAML file, falls back
+//! to a default pprof sink and says where, names a bad setting, and says what it
+//! needs when run without privileges.
+//!
+//! Every test except `bad_flag_names_the_setting` needs root (they load BPF
+//! programs, or drop from root to an unprivileged user); without root they print
+//! why they are skipped and pass. The profiling tests run one at a time (they
+//! hold `support::serial()`), as each burns a CPU and measures sample rates.
+//!
+//!     sudo -E cargo test --test lifecycle -- --nocapture
+//!
+//! prints the measured numbers of each test.
+
+// Test code: a panic is how a helper reports a failed expectation.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+#[allow(
+    dead_code,
+    reason = "support/ serves both test targets; this one uses only part of it"
+)]
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::fixture::{CpuTracker, Mode};
+use support::run::{EXIT_GRACE, ProfiledRun, Target, base_args, duration_args, make_dir, s};
+use support::summary::{assert_only_pid, inclusive, total};
+use support::{HZ, Icecore, pprof, require_root, serial};
+
+#[test]
+fn sigterm_flushes_and_exits_zero() {
+    const TEST: &str = "sigterm_flushes_and_exits_zero";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    // No --duration: icecore runs until signalled.
+    let mut run = ProfiledRun::spawn(Mode::Cycle, &[]);
+    let (ice, receiver) = (&mut run.icecore, &run.receiver);
+
+    // Wait for a regular interval to be exported, then signal about 1 s after the
+    // latest export: the next regular export is then still ~1 s away, so samples
+    // taken after that latest export can only arrive through the shutdown flush.
+    assert!(
+        receiver.wait_for_requests(1, Duration::from_secs(30)),
+        "no OTLP request within 30 s\n{}",
+        ice.logs()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let last_regular = loop {
+        let last = receiver
+            .requests()
+            .last()
+            .map(|r| (r.arrived, r.arrived_unix_nanos))
+            .expect("a request");
+        if ice.started.elapsed() >= Duration::from_secs(4)
+            && last.0.elapsed() >= Duration::from_millis(1000)
+        {
+            break last.1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "could not find a quiet moment between exports"
+        );
+        assert!(
+            ice.wait_timeout(Duration::ZERO).is_none(),
+            "icecore exited on its own\n{}",
+            ice.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let requests_before = receiver.request_count();
+    let signalled = support::now_unix_nanos();
+    ice.signal(libc::SIGTERM);
+    let status = ice.wait_exit(Duration::from_secs(30));
+    println!("{}", ice.logs());
+    println!(
+        "SIGTERM after {:.2} s ({:.2} s after the latest regular export); exit status {status}",
+        (signalled - ice.started_unix_nanos) as f64 / 1e9,
+        (signalled - last_regular) as f64 / 1e9
+    );
+    ice.assert_success();
+    run.target.assert_alive();
+
+    let received = run.otlp();
+    let (requests, samples) = (&received.requests, &received.samples);
+    assert!(
+        requests.len() > requests_before,
+        "no OTLP export after SIGTERM ({} requests before, {} after)",
+        requests_before,
+        requests.len()
+    );
+    let late: u64 = samples
+        .iter()
+        .flat_map(|smp| &smp.timestamps)
+        .filter(|&&ts| ts > last_regular)
+        .count() as u64;
+    let window = (signalled - last_regular) as f64 / 1e9;
+    run.cpu.stop();
+    let expected = HZ as f64 * run.cpu.cpu_seconds_between(last_regular, signalled);
+    println!(
+        "samples after the latest regular export: {late} (window {window:.2} s, {expected:.0} expected)"
+    );
+    assert!(
+        late > 0 && late as f64 >= 0.5 * expected,
+        "only {late} samples from the last {window:.2} s before SIGTERM arrived: the final interval was not flushed"
+    );
+
+    pprof::assert_only_pprof_files(&run.pprof_dir);
+    let written = run.pprof();
+    let profiles = &written.profiles;
+    let newest = profiles.last().expect("no pprof files written");
+    println!(
+        "pprof: {} files; newest {} has {} samples",
+        profiles.len(),
+        newest.path.display(),
+        total(&newest.samples)
+    );
+    assert!(
+        total(&newest.samples) > 0,
+        "the newest pprof file has no samples"
+    );
+    let (t_otlp, t_pprof) = (total(samples), total(&written.samples));
+    println!("totals: OTLP {t_otlp} vs pprof {t_pprof}");
+    assert!(
+        t_otlp.abs_diff(t_pprof) <= 3,
+        "OTLP total {t_otlp} != pprof total {t_pprof}: the pprof sink missed the shutdown flush?"
+    );
+}
+
+#[test]
+fn yaml_config_file_drives_a_run() {
+    const TEST: &str = "yaml_config_file_drives_a_run";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let mut target = Target::start(Mode::Cycle);
+    let pid = target.pid();
+    let mut cpu = CpuTracker::start(pid);
+    let pprof_dir = target.make_subdir("pprof-from-config");
+    let config = target.dir().join("icecore.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "# icecore end-to-end test configuration\n\
+             pids:\n  - {pid}\n\
+             sampling_frequency: {HZ}\n\
+             reporter_interval: 2s\n\
+             duration: 7s\n\
+             pprof_dir: \"{}\"\n\
+             http_address: \"127.0.0.1:0\"\n\
+             log_level: info\n",
+            pprof_dir.display()
+        ),
+    )
+    .expect("write config");
+    println!(
+        "config:\n{}",
+        std::fs::read_to_string(&config).unwrap_or_default()
+    );
+
+    let mut ice = Icecore::spawn(&[s("--config"), s(config.display())], target.dir());
+    ice.wait_success(Duration::from_secs(7) + EXIT_GRACE);
+    target.assert_alive();
+    let run = ice.run_seconds();
+
+    pprof::assert_only_pprof_files(&pprof_dir);
+    let pprof::Written { profiles, samples } = pprof::read_valid(&pprof_dir, HZ);
+    let n = total(&samples);
+    cpu.stop();
+    let expected =
+        HZ as f64 * cpu.cpu_seconds_between(ice.started_unix_nanos, ice.exited_unix_nanos());
+    println!(
+        "icecore ran {run:.2} s; {} pprof files; {n} samples ({expected:.0} at {HZ} Hz over the fixture's CPU time in the run)",
+        profiles.len(),
+    );
+    // duration: 7s
+    assert!(
+        run >= 6.5,
+        "icecore stopped after {run:.2} s, config says duration 7s"
+    );
+    // reporter_interval: 2s -> about 4 files in 7 s (a 5 s default would give 2)
+    assert!(
+        profiles.len() >= 3,
+        "{} pprof files in a 7 s run with reporter_interval 2s",
+        profiles.len()
+    );
+    // sampling_frequency: 97
+    let period = (1e9 / HZ as f64).round() as i64;
+    for p in &profiles {
+        assert!(
+            (p.period - period).abs() <= 1,
+            "{}: period {} ns, config says {HZ} Hz ({period} ns)",
+            p.path.display(),
+            p.period
+        );
+    }
+    // (a lower bound of 50 %: the run includes BPF loading before sampling starts;
+    // the 19 Hz default would give 20 %)
+    assert!(
+        n as f64 >= 0.5 * expected && n as f64 <= 1.25 * expected,
+        "{n} samples does not match {HZ} Hz ({expected:.0} expected)"
+    );
+    // pids: [fixture]
+    assert_only_pid(
+        &samples,
+        pid,
+        "samples of other processes (config pids lists only the fixture)",
+    );
+    assert!(inclusive(&samples, "hot_alpha") > 0, "no hot_alpha samples");
+    println!(
+        "logs mention the pprof dir: {}",
+        ice.output().contains(&pprof_dir.display().to_string())
+    );
+}
+
+/// The pprof directory icecore falls back to when no sink is configured.
+const DEFAULT_PPROF_DIR: &str = "/var/lib/icecore/pprof";
+
+/// Runs its arguments (`OUT icecore ARGS…`) with a tmpfs over /var/lib, then copies
+/// whatever icecore wrote to the default pprof dir into OUT. Used under
+/// `unshare --mount`, so the machine's /var/lib is never touched.
+const PRIVATE_VAR_LIB: &str = r#"mount -t tmpfs -o size=64m,mode=0755 icecore-e2e /var/lib || exit 97
+out=$1
+shift
+"$@"
+rc=$?
+if [ -d /var/lib/icecore/pprof ]; then cp -a /var/lib/icecore/pprof/. "$out"/ || exit 98; fi
+exit $rc"#;
+
+fn dir_listing(path: &str) -> Option<Vec<String>> {
+    std::fs::read_dir(path).ok().map(|rd| {
+        let mut v: Vec<String> = rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    })
+}
+
+#[test]
+fn default_sink_writes_pprof_and_says_where() {
+    const TEST: &str = "default_sink_writes_pprof_and_says_where";
+    if !require_root(TEST) {
+        return;
+    }
+    if Command::new("unshare").arg("--version").output().is_err() {
+        println!("skipping {TEST}: needs unshare (util-linux) to hide /var/lib");
+        return;
+    }
+    let _serial = serial();
+    let mut target = Target::start(Mode::Cycle);
+    let pid = target.pid();
+    let out = target.make_subdir("copied-default-pprof");
+    let host_before = dir_listing(DEFAULT_PPROF_DIR);
+
+    // No --otlp-endpoint, no --pprof-dir: the default sink.
+    let mut args = base_args(pid);
+    args.extend(duration_args(Duration::from_secs(4)));
+    let wrapper = [
+        s("unshare"),
+        s("--mount"),
+        s("--propagation"),
+        s("private"),
+        s("--"),
+        s("sh"),
+        s("-c"),
+        s(PRIVATE_VAR_LIB),
+        s("sh"),
+        s(out.display()),
+    ];
+    let mut ice = Icecore::spawn_wrapped(&wrapper, &args, target.dir());
+    let status = ice.wait_exit(Duration::from_secs(4) + EXIT_GRACE);
+    println!("{}", ice.logs());
+    assert_ne!(
+        status.code(),
+        Some(97),
+        "could not mount a tmpfs over /var/lib in a private mount namespace"
+    );
+    assert_ne!(
+        status.code(),
+        Some(98),
+        "could not copy the default pprof dir out"
+    );
+    ice.assert_success();
+    target.assert_alive();
+
+    assert!(
+        ice.output().contains(DEFAULT_PPROF_DIR),
+        "icecore does not say that it writes to {DEFAULT_PPROF_DIR}"
+    );
+    let pprof::Written { profiles, samples } = pprof::read_valid(&out, HZ);
+    println!(
+        "{} pprof files in the default dir, {} samples",
+        profiles.len(),
+        total(&samples)
+    );
+    assert!(
+        !profiles.is_empty(),
+        "no *.pb.gz written to {DEFAULT_PPROF_DIR}"
+    );
+    assert_only_pid(&samples, pid, "samples of other processes");
+    assert!(inclusive(&samples, "hot_alpha") > 0, "no hot_alpha samples");
+    assert_eq!(
+        dir_listing(DEFAULT_PPROF_DIR),
+        host_before,
+        "the machine's {DEFAULT_PPROF_DIR} changed: the test leaked out of its mount namespace"
+    );
+}
+
+/// Runs icecore with arguments that must be rejected; returns its stderr.
+fn rejected(args: &[String], dir: &Path) -> String {
+    let mut ice = Icecore::spawn(args, dir);
+    let status = ice.wait_exit(Duration::from_secs(30));
+    let stderr = ice.stderr();
+    println!("icecore {args:?} -> {status}\nstderr:\n{stderr}");
+    assert!(
+        status.code().is_some_and(|c| c != 0),
+        "icecore {args:?} should fail with a non-zero exit code, got {status}\n{}",
+        ice.logs()
+    );
+    stderr
+}
+
+#[test]
+fn bad_flag_names_the_setting() {
+    // Needs no root: icecore must reject the settings before loading anything.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = tmp.path().join("pprof");
+    make_dir(&out);
+    // Valid companions, so that a binary that wrongly accepts the bad value stops
+    // soon and writes only into the temp dir.
+    let companions = [
+        s("--pprof-dir"),
+        s(out.display()),
+        s("--duration"),
+        s("2s"),
+        s("--http-address"),
+        s("127.0.0.1:0"),
+    ];
+
+    let mut args = companions.to_vec();
+    args.extend([s("--sampling-frequency"), s("abc")]);
+    let stderr = rejected(&args, tmp.path());
+    assert!(
+        stderr.contains("--sampling-frequency"),
+        "stderr does not name --sampling-frequency:\n{stderr}"
+    );
+
+    let mut args = companions.to_vec();
+    args.extend([s("--reporter-interval"), s("5parsecs")]);
+    let stderr = rejected(&args, tmp.path());
+    assert!(
+        stderr.contains("--reporter-interval"),
+        "stderr does not name --reporter-interval:\n{stderr}"
+    );
+
+    let config = tmp.path().join("typo.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "pprof_dir: \"{}\"\nduration: 2s\nhttp_address: \"127.0.0.1:0\"\nsamplng_frequency: 97\n",
+            out.display()
+        ),
+    )
+    .expect("write config");
+    let stderr = rejected(&[s("--config"), s(config.display())], tmp.path());
+    assert!(
+        stderr.contains("samplng_frequency"),
+        "stderr does not name the unknown config key samplng_frequency:\n{stderr}"
+    );
+}
+
+#[test]
+fn unprivileged_run_says_what_it_needs() {
+    const TEST: &str = "unprivileged_run_says_what_it_needs";
+    // Root is needed to drop to an unprivileged user for the run.
+    if !require_root(TEST) {
+        return;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        println!("skipping {TEST}: setpriv (util-linux) is not installed");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let drop_privileges = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+    ];
+    let args = [
+        s("--duration"),
+        s("2s"),
+        s("--http-address"),
+        s("127.0.0.1:0"),
+    ];
+    let mut ice = Icecore::spawn_wrapped(&drop_privileges, &args, tmp.path());
+    let status = ice.wait_exit(Duration::from_secs(10));
+    let stderr = ice.stderr();
+    assert!(
+        !status.success(),
+        "an unprivileged run must fail:\n{stderr}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.ends_with("icecore needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE")),
+        "stderr lacks the privilege line:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "icecore panicked:\n{stderr}");
+}

@@ -1,0 +1,151 @@
+// Copyright 2026 The icecore Authors
+// SPDX-License-Identifier: Apache-2.0
+
+//! Conversion of received OTLP requests into the decoded-profile summary.
+
+use std::collections::BTreeMap;
+
+use opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary;
+
+use super::{AttrValue, indexed_attributes, key_values, string_at};
+use crate::support::receiver::ReceivedRequest;
+use crate::support::summary::{DecodedSample, Frame};
+
+/// Per-process view of one ResourceProfiles.
+#[derive(Debug, Clone)]
+pub struct ResourceInfo {
+    pub attributes: BTreeMap<String, AttrValue>,
+    pub scope_name: Option<String>,
+    pub pid: Option<i64>,
+    /// Profile windows (time_unix_nano, duration_nano).
+    pub windows: Vec<(u64, u64)>,
+}
+
+pub fn resources(requests: &[ReceivedRequest]) -> Vec<ResourceInfo> {
+    let empty = ProfilesDictionary::default();
+    let mut out = Vec::new();
+    for r in requests {
+        let dict = r.request.dictionary.as_ref().unwrap_or(&empty);
+        for rp in &r.request.resource_profiles {
+            let attributes = rp
+                .resource
+                .as_ref()
+                .map(|res| key_values(dict, &res.attributes))
+                .unwrap_or_default();
+            let pid = attributes.get("process.pid").and_then(AttrValue::as_int);
+            let scope_name = rp
+                .scope_profiles
+                .first()
+                .and_then(|sp| sp.scope.as_ref())
+                .map(|s| s.name.clone());
+            let windows = rp
+                .scope_profiles
+                .iter()
+                .flat_map(|sp| &sp.profiles)
+                .map(|p| (p.time_unix_nano, p.duration_nano))
+                .collect();
+            out.push(ResourceInfo {
+                attributes,
+                scope_name,
+                pid,
+                windows,
+            });
+        }
+    }
+    out
+}
+
+fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
+    let Some(loc) = usize::try_from(index)
+        .ok()
+        .and_then(|i| dict.location_table.get(i))
+    else {
+        return vec![Frame {
+            function: format!("<bad location index {index}>"),
+            kind: None,
+            address: 0,
+        }];
+    };
+    let kind = indexed_attributes(dict, &loc.attribute_indices)
+        .get("profile.frame.type")
+        .and_then(|v| v.as_str().map(str::to_string));
+    let mut frames: Vec<Frame> = loc
+        .lines
+        .iter()
+        .map(|line| {
+            let name = usize::try_from(line.function_index)
+                .ok()
+                .and_then(|i| dict.function_table.get(i))
+                .and_then(|f| string_at(dict, f.name_strindex))
+                .unwrap_or_default()
+                .to_string();
+            Frame {
+                function: name,
+                kind: kind.clone(),
+                address: loc.address,
+            }
+        })
+        .collect();
+    if frames.is_empty() {
+        frames.push(Frame {
+            function: String::new(),
+            kind,
+            address: loc.address,
+        });
+    }
+    frames
+}
+
+/// Every sample of every request, with the pid and executable name of its resource.
+pub fn samples(requests: &[ReceivedRequest]) -> Vec<DecodedSample> {
+    let empty = ProfilesDictionary::default();
+    let mut out = Vec::new();
+    for r in requests {
+        let dict = r.request.dictionary.as_ref().unwrap_or(&empty);
+        for rp in &r.request.resource_profiles {
+            let attrs = rp
+                .resource
+                .as_ref()
+                .map(|res| key_values(dict, &res.attributes))
+                .unwrap_or_default();
+            let pid = attrs.get("process.pid").and_then(AttrValue::as_int);
+            let comm = attrs
+                .get("process.executable.name")
+                .and_then(|v| v.as_str().map(str::to_string));
+            for sp in &rp.scope_profiles {
+                for p in &sp.profiles {
+                    for s in &p.samples {
+                        let sattrs = indexed_attributes(dict, &s.attribute_indices);
+                        let stack = usize::try_from(s.stack_index)
+                            .ok()
+                            .and_then(|i| dict.stack_table.get(i))
+                            .map(|st| {
+                                st.location_indices
+                                    .iter()
+                                    .flat_map(|&li| location_frames(dict, li))
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        let count = if s.values.is_empty() {
+                            s.timestamps_unix_nano.len() as u64
+                        } else {
+                            s.values.iter().map(|&v| v.max(0) as u64).sum()
+                        };
+                        out.push(DecodedSample {
+                            pid,
+                            comm: comm.clone(),
+                            thread_name: sattrs
+                                .get("thread.name")
+                                .and_then(|v| v.as_str().map(str::to_string)),
+                            thread_id: sattrs.get("thread.id").and_then(AttrValue::as_int),
+                            stack,
+                            count,
+                            timestamps: s.timestamps_unix_nano.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
