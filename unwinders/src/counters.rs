@@ -34,10 +34,16 @@ pub enum Counter {
     UserStackTruncated = 11,
     /// The sample interrupted kernel code; user registers came from the task's `pt_regs`.
     UserRegistersFromTask = 12,
+    /// Frames unwound with a DWARF table row.
+    DwarfFrames = 13,
+    /// Frames unwound with frame pointers because no table covered the PC.
+    FramePointerFrames = 14,
+    /// Samples of processes whose mappings are not (yet) known to BPF.
+    UnknownProcess = 15,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 13;
+pub const COUNTER_COUNT: u32 = 16;
 
 impl Counter {
     /// Every counter, in index order.
@@ -55,6 +61,9 @@ impl Counter {
         Counter::UserFrameInvalid,
         Counter::UserStackTruncated,
         Counter::UserRegistersFromTask,
+        Counter::DwarfFrames,
+        Counter::FramePointerFrames,
+        Counter::UnknownProcess,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -73,6 +82,9 @@ impl Counter {
             Counter::UserFrameInvalid => "user_frame_invalid",
             Counter::UserStackTruncated => "user_stack_truncated",
             Counter::UserRegistersFromTask => "user_registers_from_task",
+            Counter::DwarfFrames => "dwarf_frames",
+            Counter::FramePointerFrames => "frame_pointer_frames",
+            Counter::UnknownProcess => "unknown_process",
         }
     }
 }

@@ -4,15 +4,22 @@
 //! Everything here is `no_std` and generic over how memory is read
 //! ([`MemoryReader`]), so the exact code the BPF programs run is also run by
 //! host tests against real stacks. The `user` feature adds the user-space half
-//! (`aya::Pod` impls).
+//! (`aya::Pod` impls, and `table`: unwind tables built from ELF files,
+//! file IDs and a host unwinder).
 #![no_std]
 #![deny(missing_docs)]
 
+#[cfg(feature = "user")]
+extern crate std;
+
 pub mod counters;
+pub mod events;
 pub mod memory;
 pub mod native;
 pub mod programs;
 pub mod sample;
+#[cfg(feature = "user")]
+pub mod table;
 #[cfg(feature = "user")]
 mod user;
 

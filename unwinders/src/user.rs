@@ -1,5 +1,6 @@
 //! User-space half: lets aya read and write the shared structs in maps.
 
+use crate::native::{MappingEntry, ProcessMappingTable, UnwindRow};
 use crate::{Registers, SampleHeader, SampleRecord, UnwindScratch, UnwindState};
 
 // SAFETY: all are #[repr(C)], made only of integers and integer arrays, with no
@@ -9,3 +10,7 @@ unsafe impl aya::Pod for SampleHeader {}
 unsafe impl aya::Pod for SampleRecord {}
 unsafe impl aya::Pod for UnwindState {}
 unsafe impl aya::Pod for UnwindScratch {}
+unsafe impl aya::Pod for UnwindRow {}
+unsafe impl aya::Pod for MappingEntry {}
+unsafe impl aya::Pod for ProcessMappingTable {}
+unsafe impl aya::Pod for crate::events::ProcessEvent {}

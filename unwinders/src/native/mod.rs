@@ -1,8 +1,12 @@
 //! Native (machine-code) unwinding steps.
 
+pub mod dwarf;
 pub mod frame_pointer;
+pub mod mappings;
 
+pub use dwarf::{CfaRule, RbpRule, UnwindRow, dwarf_step, search_rows};
 pub use frame_pointer::frame_pointer_step;
+pub use mappings::{MappingEntry, ProcessMappingTable};
 
 /// The registers an x86-64 unwind step needs.
 #[repr(C)]

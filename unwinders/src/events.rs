@@ -1,0 +1,34 @@
+//! Process lifecycle events BPF reports to user space.
+
+/// What happened to a process.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessEventKind {
+    /// The thread-group leader exited (the process is gone once its last thread is).
+    Exit = 1,
+    /// The process replaced its image with `exec`: its mappings are all new.
+    Exec = 2,
+}
+
+/// One lifecycle event of a process BPF knows (one with a mapping table).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessEvent {
+    /// Process ID.
+    pub pid: u32,
+    /// A [`ProcessEventKind`] value.
+    pub kind: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8);
+
+impl ProcessEvent {
+    /// The kind, if it is a known one.
+    pub const fn kind(&self) -> Option<ProcessEventKind> {
+        match self.kind {
+            1 => Some(ProcessEventKind::Exit),
+            2 => Some(ProcessEventKind::Exec),
+            _ => None,
+        }
+    }
+}

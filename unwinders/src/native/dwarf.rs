@@ -1,0 +1,305 @@
+//! The DWARF CFI step: unwind tables built from `.eh_frame`/`.debug_frame`
+//! in user space, compacted to 8-byte [`UnwindRow`]s that BPF searches.
+//!
+//! A row says how to find the caller for every PC from its `pc` up to the next
+//! row's: the canonical frame address (CFA) from rsp or rbp plus an offset,
+//! the return address at CFA - 8 (always so on x86-64, or the row is marked
+//! unsupported), and the caller's rbp either unchanged or saved at
+//! CFA + 8 × `rbp_offset`. What cannot be expressed is marked, so BPF stops
+//! or falls back to frame pointers instead of guessing.
+
+use super::{Registers, StepOutcome, frame_pointer_step};
+use crate::MemoryReader;
+
+/// How the CFA of a row is found.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CfaRule {
+    /// No FDE covers these PCs: fall back to frame pointers.
+    NoInfo = 0,
+    /// CFA = rsp + offset.
+    Rsp = 1,
+    /// CFA = rbp + offset.
+    Rbp = 2,
+    /// The `.plt` expression: CFA = rsp + 8, plus 8 once the PLT entry pushed its index
+    /// (`(rip & 15) >= 11`).
+    Plt = 3,
+    /// The return address is undefined: the outermost frame (e.g. `_start`).
+    EndOfStack = 4,
+    /// A rule this table cannot express (a DWARF expression, a huge offset): fall back to frame pointers.
+    Unsupported = 5,
+}
+
+/// How the caller's rbp is found.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RbpRule {
+    /// rbp was not changed by this function.
+    Unchanged = 0,
+    /// The caller's rbp is saved at CFA + 8 × `rbp_offset`.
+    CfaOffset = 1,
+}
+
+/// One row of an unwind table. Tables are sorted by `pc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct UnwindRow {
+    /// First ELF virtual address the row covers.
+    pub pc: u32,
+    /// [`CfaRule`] in bits 0..4, [`RbpRule`] in bits 4..8.
+    pub rules: u8,
+    /// Where the caller's rbp is saved, in 8-byte words from the CFA.
+    pub rbp_offset: i8,
+    /// Offset added to the CFA's base register.
+    pub cfa_offset: u16,
+}
+
+const _: () = assert!(core::mem::size_of::<UnwindRow>() == 8);
+
+impl UnwindRow {
+    /// A row from its parts.
+    pub const fn new(pc: u32, cfa: CfaRule, cfa_offset: u16, rbp: RbpRule, rbp_offset: i8) -> Self {
+        UnwindRow {
+            pc,
+            rules: (cfa as u8) | ((rbp as u8) << 4),
+            rbp_offset,
+            cfa_offset,
+        }
+    }
+
+    /// The CFA rule (unknown encodings read as [`CfaRule::Unsupported`]).
+    pub const fn cfa_rule(self) -> CfaRule {
+        match self.rules & 0x0f {
+            0 => CfaRule::NoInfo,
+            1 => CfaRule::Rsp,
+            2 => CfaRule::Rbp,
+            3 => CfaRule::Plt,
+            4 => CfaRule::EndOfStack,
+            _ => CfaRule::Unsupported,
+        }
+    }
+
+    /// The rbp rule (unknown encodings read as unchanged).
+    pub const fn rbp_rule(self) -> RbpRule {
+        match self.rules >> 4 {
+            1 => RbpRule::CfaOffset,
+            _ => RbpRule::Unchanged,
+        }
+    }
+}
+
+/// Binary-search steps that cover any table (2^24 rows, larger than any
+/// executable's). A constant bound keeps the BPF verifier's work bounded.
+pub const MAX_SEARCH_STEPS: usize = 24;
+
+/// Rows per table at most (see [`MAX_SEARCH_STEPS`]).
+pub const MAX_TABLE_ROWS: u32 = 1 << MAX_SEARCH_STEPS;
+
+/// Index of the last row whose `pc` is at most `pc`, in a table of `len`
+/// rows read through `row_pc` (which returns `None` when a read fails).
+///
+/// The loop runs at most [`MAX_SEARCH_STEPS`] times whatever `len` is.
+#[inline(always)]
+pub fn search_rows(len: u32, pc: u32, mut row_pc: impl FnMut(u32) -> Option<u32>) -> Option<u32> {
+    if len == 0 || len > MAX_TABLE_ROWS {
+        return None;
+    }
+    // Invariant: rows[lo].pc <= pc (checked first), rows[hi].pc > pc or hi == len.
+    if row_pc(0)? > pc {
+        return None;
+    }
+    let (mut lo, mut hi) = (0u32, len);
+    for _ in 0..MAX_SEARCH_STEPS {
+        if hi - lo <= 1 {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if row_pc(mid)? <= pc {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
+/// Unwinds one frame with `row`, the table row covering `regs.ip` (or, for a
+/// caller frame, `regs.ip - 1`: the call, not the instruction after it).
+#[inline(always)]
+pub fn dwarf_step<M: MemoryReader>(
+    regs: &Registers,
+    row: UnwindRow,
+    memory: &mut M,
+) -> StepOutcome {
+    let offset = u64::from(row.cfa_offset);
+    let cfa = match row.cfa_rule() {
+        CfaRule::Rsp => regs.sp.wrapping_add(offset),
+        CfaRule::Rbp => {
+            if regs.bp == 0 {
+                return StepOutcome::InvalidFrame;
+            }
+            regs.bp.wrapping_add(offset)
+        }
+        CfaRule::Plt => regs
+            .sp
+            .wrapping_add(if regs.ip & 15 >= 11 { 16 } else { 8 }),
+        CfaRule::EndOfStack => return StepOutcome::EndOfStack,
+        CfaRule::NoInfo | CfaRule::Unsupported => return frame_pointer_step(regs, memory),
+    };
+    // The caller's frame lies above ours: a CFA at or below rsp is corrupt.
+    if cfa <= regs.sp {
+        return StepOutcome::InvalidFrame;
+    }
+    let Some(return_address) = memory.read_u64(cfa - 8) else {
+        return StepOutcome::ReadFailed;
+    };
+    if return_address == 0 {
+        return StepOutcome::EndOfStack;
+    }
+    let bp = match row.rbp_rule() {
+        RbpRule::Unchanged => regs.bp,
+        RbpRule::CfaOffset => {
+            let at = cfa.wrapping_add_signed(i64::from(row.rbp_offset) * 8);
+            let Some(bp) = memory.read_u64(at) else {
+                return StepOutcome::ReadFailed;
+            };
+            bp
+        }
+    };
+    StepOutcome::Caller(Registers {
+        ip: return_address,
+        sp: cfa,
+        bp,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Words {
+        base: u64,
+        words: [u64; 8],
+    }
+
+    impl MemoryReader for Words {
+        fn read_u64(&mut self, address: u64) -> Option<u64> {
+            let i = address.checked_sub(self.base)? / 8;
+            self.words.get(usize::try_from(i).ok()?).copied()
+        }
+    }
+
+    #[test]
+    fn row_packs_its_rules() {
+        let row = UnwindRow::new(0x1234, CfaRule::Rbp, 16, RbpRule::CfaOffset, -2);
+        assert_eq!(row.cfa_rule(), CfaRule::Rbp);
+        assert_eq!(row.rbp_rule(), RbpRule::CfaOffset);
+        assert_eq!(
+            UnwindRow { rules: 0x0f, ..row }.cfa_rule(),
+            CfaRule::Unsupported
+        );
+    }
+
+    #[test]
+    fn searches_like_a_partition_point() {
+        let pcs = [10u32, 20, 20, 35, 90];
+        let find = |pc| search_rows(pcs.len() as u32, pc, |i| pcs.get(i as usize).copied());
+        assert_eq!(find(9), None);
+        assert_eq!(find(10), Some(0));
+        assert_eq!(find(19), Some(0));
+        assert_eq!(find(20), Some(2));
+        assert_eq!(find(89), Some(3));
+        assert_eq!(find(u32::MAX), Some(4));
+        assert_eq!(search_rows(0, 5, |_| Some(0)), None);
+        assert_eq!(
+            search_rows(4, 50, |i| (i < 2).then_some(1)),
+            None,
+            "failed read"
+        );
+        // Exhaustive against the standard library on a larger table.
+        let big: [u32; 300] = core::array::from_fn(|i| (i as u32) * 3);
+        for pc in 0..1000 {
+            let expected = big
+                .partition_point(|&p| p <= pc)
+                .checked_sub(1)
+                .map(|i| i as u32);
+            assert_eq!(
+                search_rows(300, pc, |i| big.get(i as usize).copied()),
+                expected,
+                "pc {pc}"
+            );
+        }
+    }
+
+    #[test]
+    fn steps_through_an_rsp_frame_with_saved_rbp() {
+        // Frame: [sp+0]=local, [sp+8]=saved rbp, [sp+16]=return address; CFA = sp+24.
+        let base = 0x7000;
+        let mut mem = Words {
+            base,
+            words: [0, 0x7777, 0x40_1234, 0, 0, 0, 0, 0],
+        };
+        let row = UnwindRow::new(0, CfaRule::Rsp, 24, RbpRule::CfaOffset, -2);
+        let regs = Registers {
+            ip: 0x40_0000,
+            sp: base,
+            bp: 1,
+        };
+        assert_eq!(
+            dwarf_step(&regs, row, &mut mem),
+            StepOutcome::Caller(Registers {
+                ip: 0x40_1234,
+                sp: base + 24,
+                bp: 0x7777
+            })
+        );
+    }
+
+    #[test]
+    fn plt_rows_and_stops() {
+        let base = 0x7000;
+        let mut mem = Words {
+            base,
+            words: [0x40_1000, 0x40_2000, 0, 0, 0, 0, 0, 0],
+        };
+        let plt = UnwindRow::new(0, CfaRule::Plt, 0, RbpRule::Unchanged, 0);
+        let early = Registers {
+            ip: 0x1006,
+            sp: base,
+            bp: 5,
+        };
+        assert_eq!(
+            dwarf_step(&early, plt, &mut mem),
+            StepOutcome::Caller(Registers {
+                ip: 0x40_1000,
+                sp: base + 8,
+                bp: 5
+            })
+        );
+        let late = Registers {
+            ip: 0x100b,
+            sp: base,
+            bp: 5,
+        };
+        assert_eq!(
+            dwarf_step(&late, plt, &mut mem),
+            StepOutcome::Caller(Registers {
+                ip: 0x40_2000,
+                sp: base + 16,
+                bp: 5
+            })
+        );
+        let end = UnwindRow::new(0, CfaRule::EndOfStack, 0, RbpRule::Unchanged, 0);
+        assert_eq!(dwarf_step(&early, end, &mut mem), StepOutcome::EndOfStack);
+        let corrupt = UnwindRow::new(0, CfaRule::Rbp, 16, RbpRule::Unchanged, 0);
+        let below = Registers {
+            ip: 1,
+            sp: base + 64,
+            bp: base,
+        };
+        assert_eq!(
+            dwarf_step(&below, corrupt, &mut mem),
+            StepOutcome::InvalidFrame
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! Per-process address → unwind-table lookup, shared by BPF and user space.
+//!
+//! User space writes one [`ProcessMappingTable`] per process: its executable
+//! file mappings sorted by address, each naming the unwind table of the
+//! mapped file. BPF finds a PC's entry with a bounded binary search inside
+//! the one map value (no helper call per step, unlike an LPM trie).
+
+/// Executable mappings tracked per process; more are left out (their frames
+/// fall back to frame pointers, and user space counts them).
+pub const MAX_PROCESS_MAPPINGS: usize = 256;
+
+/// Search steps covering [`MAX_PROCESS_MAPPINGS`] entries.
+const MAPPING_SEARCH_STEPS: usize = 9;
+const _: () = assert!(1 << (MAPPING_SEARCH_STEPS - 1) >= MAX_PROCESS_MAPPINGS);
+
+/// One executable mapping of a process.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MappingEntry {
+    /// First address of the mapping.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// Process address minus ELF virtual address (the load bias).
+    pub bias: u64,
+    /// Key of the file's table in `UNWIND_TABLES`.
+    pub file_id: u64,
+    /// Rows in that table; 0 when the file has none (yet): use frame pointers.
+    pub table_rows: u32,
+    /// Reserved, zero.
+    pub flags: u32,
+}
+
+/// The executable mappings of one process, sorted by `start`, non-overlapping.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessMappingTable {
+    /// Entries in use.
+    pub count: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// The mappings; only the first `count` are meaningful.
+    pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],
+}
+
+const _: () = assert!(core::mem::size_of::<MappingEntry>() == 40);
+const _: () = assert!(core::mem::size_of::<ProcessMappingTable>() == 8 + 40 * MAX_PROCESS_MAPPINGS);
+
+impl Default for ProcessMappingTable {
+    fn default() -> Self {
+        ProcessMappingTable {
+            count: 0,
+            reserved: 0,
+            entries: [MappingEntry::default(); MAX_PROCESS_MAPPINGS],
+        }
+    }
+}
+
+impl ProcessMappingTable {
+    /// The entry containing `pc`, if any.
+    #[inline(always)]
+    pub fn find(&self, pc: u64) -> Option<&MappingEntry> {
+        let count = self.count as usize;
+        if count == 0 || count > MAX_PROCESS_MAPPINGS {
+            return None;
+        }
+        // Last entry with start <= pc.
+        let (mut lo, mut hi) = (0usize, count);
+        for _ in 0..MAPPING_SEARCH_STEPS {
+            if hi - lo <= 1 {
+                break;
+            }
+            let mid = lo + (hi - lo) / 2;
+            if self.entries.get(mid)?.start <= pc {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let entry = self.entries.get(lo)?;
+        (entry.start <= pc && pc < entry.end).then_some(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(ranges: &[(u64, u64)]) -> ProcessMappingTable {
+        let mut t = ProcessMappingTable::default();
+        for (i, &(start, end)) in ranges.iter().enumerate() {
+            t.entries[i] = MappingEntry {
+                start,
+                end,
+                file_id: i as u64 + 1,
+                ..Default::default()
+            };
+        }
+        t.count = ranges.len() as u32;
+        t
+    }
+
+    #[test]
+    fn finds_containing_entries_only() {
+        let t = table(&[(0x1000, 0x2000), (0x3000, 0x4000), (0x4000, 0x5000)]);
+        assert_eq!(t.find(0x1000).map(|e| e.file_id), Some(1));
+        assert_eq!(t.find(0x1fff).map(|e| e.file_id), Some(1));
+        assert_eq!(t.find(0x2000), None, "gap");
+        assert_eq!(t.find(0x4000).map(|e| e.file_id), Some(3));
+        assert_eq!(t.find(0x5000), None);
+        assert_eq!(t.find(0xfff), None);
+    }
+
+    #[test]
+    fn full_table_and_bad_counts() {
+        let ranges: [(u64, u64); MAX_PROCESS_MAPPINGS] =
+            core::array::from_fn(|i| (i as u64 * 0x10000, i as u64 * 0x10000 + 0x8000));
+        let t = table(&ranges);
+        for (i, (start, end)) in ranges.iter().enumerate() {
+            assert_eq!(t.find(*start).map(|e| e.file_id), Some(i as u64 + 1));
+            assert_eq!(t.find(end - 1).map(|e| e.file_id), Some(i as u64 + 1));
+            assert_eq!(t.find(*end), None);
+        }
+        let mut bad = t;
+        bad.count = MAX_PROCESS_MAPPINGS as u32 + 1;
+        assert_eq!(bad.find(0), None);
+    }
+}

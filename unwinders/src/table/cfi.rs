@@ -1,0 +1,396 @@
+//! Reading `.eh_frame`/`.debug_frame` with gimli and assembling the table.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::vec::Vec;
+
+use gimli::{
+    BaseAddresses, CieOrFde, CommonInformationEntry, DebugFrame, EhFrame, EndianSlice,
+    FrameDescriptionEntry, LittleEndian, RegisterRule, UnwindContext, UnwindOffset, UnwindSection,
+    UnwindTableRow, X86_64,
+};
+use object::{Architecture, CompressionFormat, Object, ObjectSection};
+
+use super::{TableError, TableStats, UnwindTable, count_unsupported, plt};
+use crate::native::dwarf::{CfaRule, MAX_TABLE_ROWS, RbpRule, UnwindRow};
+
+type Slice<'a> = EndianSlice<'a, LittleEndian>;
+
+/// A row meaning "fall back to frame pointers".
+pub(super) const NO_INFO: UnwindRow = UnwindRow::new(0, CfaRule::NoInfo, 0, RbpRule::Unchanged, 0);
+/// A row whose rule cannot be expressed.
+const UNSUPPORTED: UnwindRow = UnwindRow::new(0, CfaRule::Unsupported, 0, RbpRule::Unchanged, 0);
+
+/// Where a segment's rows come from, in the order overlaps are resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    DebugFrame,
+    EhFrame,
+    Plt,
+}
+
+/// The rows of one FDE or synthesized PLT section, before overlaps are resolved.
+struct Segment {
+    start: u64,
+    end: u64,
+    source: Source,
+    rows: Range<usize>,
+}
+
+/// Rows of all segments, each segment's rows sorted and merged.
+#[derive(Default)]
+pub(super) struct Collector {
+    rows: Vec<UnwindRow>,
+    segments: Vec<Segment>,
+}
+
+/// Whether two rows unwind identically (everything but `pc` equal).
+fn same_rules(a: &UnwindRow, b: &UnwindRow) -> bool {
+    a.rules == b.rules && a.rbp_offset == b.rbp_offset && a.cfa_offset == b.cfa_offset
+}
+
+impl Collector {
+    /// Starts a segment; pass the result to [`Collector::push`] and [`Collector::finish`].
+    pub(super) fn begin(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Adds `rule` from `pc` on to the segment begun at `first`. Rows must come
+    /// in address order; one at the same `pc` as the last replaces it, one
+    /// before it or with its rules is dropped.
+    pub(super) fn push(
+        &mut self,
+        first: usize,
+        pc: u64,
+        rule: UnwindRow,
+    ) -> Result<(), TableError> {
+        let pc = u32::try_from(pc).map_err(|_| TableError::AddressTooLarge(pc))?;
+        let row = UnwindRow { pc, ..rule };
+        if self.rows.len() > first
+            && let Some(last) = self.rows.last_mut()
+        {
+            if last.pc == pc {
+                *last = row;
+                return Ok(());
+            }
+            if last.pc > pc {
+                // Out of order (gimli never yields this): keep the table sorted.
+                return Ok(());
+            }
+            if same_rules(last, &row) {
+                return Ok(());
+            }
+        }
+        if self.rows.len() >= MAX_TABLE_ROWS as usize {
+            return Err(TableError::TooManyRows);
+        }
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// Ends the segment begun at `first`, covering `start..end`.
+    pub(super) fn finish(&mut self, first: usize, start: u64, end: u64, source: Source) {
+        if first < self.rows.len() && start < end {
+            self.segments.push(Segment {
+                start,
+                end,
+                source,
+                rows: first..self.rows.len(),
+            });
+        } else {
+            self.rows.truncate(first);
+        }
+    }
+
+    /// Resolves overlaps (earlier segments win), ends segments with `NoInfo`
+    /// rows where the next does not follow directly, and merges equal rules.
+    fn assemble(self, stats: &mut TableStats) -> Result<Vec<UnwindRow>, TableError> {
+        // start -> (end, segment index); the taken segments never overlap.
+        let mut taken: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
+        for (index, segment) in self.segments.iter().enumerate() {
+            let overlaps = taken
+                .range(..segment.end)
+                .next_back()
+                .is_some_and(|(_, &(end, _))| end > segment.start);
+            if overlaps {
+                if segment.source != Source::Plt {
+                    stats.overlapping_fdes += 1;
+                }
+                continue;
+            }
+            if segment.source == Source::Plt {
+                stats.synthesized_plt_sections += 1;
+            }
+            taken.insert(segment.start, (segment.end, index));
+        }
+        let mut out: Vec<UnwindRow> =
+            Vec::with_capacity(self.rows.len().min(MAX_TABLE_ROWS as usize));
+        let mut push = |row: UnwindRow| -> Result<(), TableError> {
+            let full = out.len() >= MAX_TABLE_ROWS as usize;
+            match out.last_mut() {
+                Some(last) if last.pc == row.pc => *last = row,
+                Some(last) if same_rules(last, &row) => {}
+                _ if full => return Err(TableError::TooManyRows),
+                _ => out.push(row),
+            }
+            Ok(())
+        };
+        let mut segments = taken.iter().peekable();
+        while let Some((_, &(end, index))) = segments.next() {
+            let rows = self
+                .rows
+                .get(self.segments[index].rows.clone())
+                .unwrap_or(&[]);
+            for row in rows {
+                push(*row)?;
+            }
+            if segments.peek().is_some_and(|&(&next, _)| next == end) || end == 1 << 32 {
+                continue;
+            }
+            let pc = u32::try_from(end).map_err(|_| TableError::AddressTooLarge(end))?;
+            push(UnwindRow { pc, ..NO_INFO })?;
+        }
+        Ok(out)
+    }
+}
+
+/// Builds the table of an ELF file (see the module documentation).
+pub(super) fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
+    let file = object::File::parse(data)?;
+    if file.architecture() != Architecture::X86_64 {
+        return Err(TableError::UnsupportedArchitecture);
+    }
+    let mut stats = TableStats::default();
+    let mut collector = Collector::default();
+
+    if let Some(section) = file.section_by_name(".debug_frame") {
+        if section.compressed_file_range()?.format != CompressionFormat::None {
+            stats.debug_frame_compressed = true;
+        } else {
+            let bytes = section.data()?;
+            stats.debug_frame_bytes = bytes.len();
+            let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
+            debug_frame.set_address_size(8);
+            let bases = BaseAddresses::default();
+            stats.debug_frame_fdes = collect(
+                &debug_frame,
+                &bases,
+                Source::DebugFrame,
+                &mut collector,
+                &mut stats.malformed_fdes,
+            )?;
+        }
+    }
+    if let Some(section) = file.section_by_name(".eh_frame") {
+        let bytes = section.data()?;
+        stats.eh_frame_bytes = bytes.len();
+        let mut eh_frame = EhFrame::new(bytes, LittleEndian);
+        eh_frame.set_address_size(8);
+        let address_of = |name| file.section_by_name(name).map(|s| s.address());
+        let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+        if let Some(text) = address_of(".text") {
+            bases = bases.set_text(text);
+        }
+        if let Some(got) = address_of(".got") {
+            bases = bases.set_got(got);
+        }
+        stats.eh_frame_fdes = collect(
+            &eh_frame,
+            &bases,
+            Source::EhFrame,
+            &mut collector,
+            &mut stats.malformed_fdes,
+        )?;
+    }
+    plt::synthesize(&file, &mut collector)?;
+
+    let rows = collector.assemble(&mut stats)?;
+    stats.unsupported_rows = count_unsupported(&rows);
+    Ok(UnwindTable { rows, stats })
+}
+
+/// Adds a segment per FDE of `section`; returns the number of FDEs.
+fn collect<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    source: Source,
+    collector: &mut Collector,
+    malformed_fdes: &mut usize,
+) -> Result<usize, TableError>
+where
+    S: UnwindSection<Slice<'a>>,
+{
+    let name = match source {
+        Source::DebugFrame => ".debug_frame",
+        _ => ".eh_frame",
+    };
+    let malformed = |error| TableError::Cfi {
+        section: name,
+        error,
+    };
+    let mut context = UnwindContext::new();
+    let mut cies: HashMap<usize, CommonInformationEntry<Slice<'a>>> = HashMap::new();
+    let mut entries = section.entries(bases);
+    let mut fdes = 0;
+    while let Some(entry) = entries.next().map_err(malformed)? {
+        let partial = match entry {
+            CieOrFde::Cie(cie) => {
+                cies.insert(cie.offset(), cie);
+                continue;
+            }
+            CieOrFde::Fde(partial) => partial,
+        };
+        // An FDE whose CIE cannot be read describes nothing usable; the
+        // entries around it still can be.
+        let Ok(fde) = partial.parse(|section, bases, offset| {
+            let key = UnwindOffset::into(offset);
+            if let Some(cie) = cies.get(&key) {
+                return Ok(cie.clone());
+            }
+            let cie = section.cie_from_offset(bases, offset)?;
+            cies.insert(key, cie.clone());
+            Ok(cie)
+        }) else {
+            *malformed_fdes += 1;
+            continue;
+        };
+        fdes += 1;
+        if !fde_rows(section, bases, &fde, &mut context, source, collector)? {
+            *malformed_fdes += 1;
+        }
+    }
+    Ok(fdes)
+}
+
+/// Adds the segment of one FDE. Returns `false` when its instructions are
+/// malformed: from the failing instruction on, its rows are `Unsupported`
+/// (gimli refuses, e.g., `DW_CFA_def_cfa_offset` after a CFA expression,
+/// which libgcrypt's hand-written assembly has).
+fn fde_rows<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    fde: &FrameDescriptionEntry<Slice<'a>>,
+    context: &mut UnwindContext<usize>,
+    source: Source,
+    collector: &mut Collector,
+) -> Result<bool, TableError>
+where
+    S: UnwindSection<Slice<'a>>,
+{
+    let start = fde.initial_address();
+    let Some(end) = start.checked_add(fde.len()) else {
+        // A range wrapping around the address space describes no code.
+        return Ok(false);
+    };
+    if start == end {
+        return Ok(true);
+    }
+    let ra_column = fde.cie().return_address_register() == X86_64::RA;
+    let first = collector.begin();
+    // Where the row being evaluated starts.
+    let mut resume = start;
+    let mut well_formed = true;
+    match fde.rows(section, bases, context) {
+        Ok(mut table) => loop {
+            let row = match table.next_row() {
+                Ok(Some(row)) => row,
+                Ok(None) => break,
+                Err(_) => {
+                    well_formed = false;
+                    if resume < end {
+                        collector.push(first, resume, UNSUPPORTED)?;
+                    }
+                    break;
+                }
+            };
+            let row_start = row.start_address();
+            let row_end = row.end_address().min(end);
+            resume = resume.max(row_end);
+            if row_start >= row_end {
+                continue;
+            }
+            match convert(row, section, ra_column) {
+                Converted::Row(rule) => collector.push(first, row_start, rule)?,
+                Converted::PltExpression {
+                    threshold,
+                    template,
+                } => plt::expand(collector, first, row_start..row_end, threshold, template)?,
+            }
+        },
+        Err(_) => {
+            well_formed = false;
+            collector.push(first, start, UNSUPPORTED)?;
+        }
+    }
+    collector.finish(first, start, end, source);
+    Ok(well_formed)
+}
+
+/// A CFI row as the table can express it.
+enum Converted {
+    /// An ordinary row (`pc` still to be set).
+    Row(UnwindRow),
+    /// CFA = rsp + 8, plus 8 where `(rip & 15) >= threshold`; `template`
+    /// carries the rbp rule.
+    PltExpression { threshold: u8, template: UnwindRow },
+}
+
+/// Translates one gimli row into the table's rules.
+fn convert<'a, S>(row: &UnwindTableRow<usize>, section: &S, ra_column: bool) -> Converted
+where
+    S: UnwindSection<Slice<'a>>,
+{
+    if !ra_column {
+        return Converted::Row(UNSUPPORTED);
+    }
+    match row.register(X86_64::RA) {
+        Some(RegisterRule::Undefined) => {
+            return Converted::Row(UnwindRow::new(
+                0,
+                CfaRule::EndOfStack,
+                0,
+                RbpRule::Unchanged,
+                0,
+            ));
+        }
+        Some(RegisterRule::Offset(-8)) => {}
+        _ => return Converted::Row(UNSUPPORTED),
+    }
+    let (rbp_rule, rbp_offset) = match row.register(X86_64::RBP) {
+        None | Some(RegisterRule::SameValue | RegisterRule::Undefined) => (RbpRule::Unchanged, 0),
+        Some(RegisterRule::Register(register)) if register == X86_64::RBP => {
+            (RbpRule::Unchanged, 0)
+        }
+        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 => match i8::try_from(offset / 8) {
+            Ok(words) => (RbpRule::CfaOffset, words),
+            Err(_) => return Converted::Row(UNSUPPORTED),
+        },
+        Some(_) => return Converted::Row(UNSUPPORTED),
+    };
+    match row.cfa() {
+        gimli::CfaRule::RegisterAndOffset { register, offset } => {
+            let cfa = match *register {
+                X86_64::RSP => CfaRule::Rsp,
+                X86_64::RBP => CfaRule::Rbp,
+                _ => return Converted::Row(UNSUPPORTED),
+            };
+            match u16::try_from(*offset) {
+                Ok(offset) => Converted::Row(UnwindRow::new(0, cfa, offset, rbp_rule, rbp_offset)),
+                Err(_) => Converted::Row(UNSUPPORTED),
+            }
+        }
+        gimli::CfaRule::Expression(expression) => {
+            let threshold = expression
+                .get(section)
+                .ok()
+                .and_then(|e| plt::expression_threshold(e.0.slice()));
+            match threshold {
+                Some(threshold) => Converted::PltExpression {
+                    threshold,
+                    template: UnwindRow::new(0, CfaRule::Rsp, 8, rbp_rule, rbp_offset),
+                },
+                None => Converted::Row(UNSUPPORTED),
+            }
+        }
+    }
+}
