@@ -10,6 +10,7 @@
 #![no_main]
 
 mod emit;
+mod lifecycle;
 mod maps;
 mod native;
 mod task;

@@ -1,10 +1,31 @@
 //! Maps shared by the programs, and the counter helper.
 
 use aya_ebpf::{
-    macros::map,
+    bindings::{BPF_F_INNER_MAP, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
+    btf_maps::{Array, HashOfMaps},
+    macros::{btf_map, map},
     maps::{HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
-use icecore_unwinders::{COUNTER_COUNT, Counter, UnwindScratch, programs::PROGRAM_COUNT};
+use icecore_unwinders::{
+    COUNTER_COUNT, Counter, UnwindScratch,
+    native::{ProcessMappingTable, UnwindRow},
+    programs::PROGRAM_COUNT,
+};
+
+/// Flags of every unwind table: user space fills them through mmap, and each
+/// has its own size (the kernel requires the flags to match the template's).
+pub const UNWIND_TABLE_FLAGS: usize = (BPF_F_MMAPABLE | BPF_F_INNER_MAP) as usize;
+
+/// One unwind table per executable file, keyed by file ID. User space sizes it.
+#[btf_map]
+pub static UNWIND_TABLES: HashOfMaps<u64, Array<UnwindRow, 1, UNWIND_TABLE_FLAGS>, 4096> =
+    HashOfMaps::new();
+
+/// The executable mappings of each known process. Allocated per entry, since
+/// a value is 10 KiB. User space sizes it.
+#[map]
+pub static PROCESS_MAPPINGS: HashMap<u32, ProcessMappingTable> =
+    HashMap::with_max_entries(8192, BPF_F_NO_PREALLOC);
 
 /// Tail-call targets, indexed by `ProgramIndex`.
 #[map]
@@ -21,6 +42,10 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_CO
 /// Finished samples. User space sizes it at load time.
 #[map]
 pub static SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+
+/// Exits and execs of processes that have a mapping table.
+#[map]
+pub static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 
 /// PIDs to sample when `FILTER_BY_PID` is set. User space sizes it at load time.
 #[map]

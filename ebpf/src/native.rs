@@ -1,17 +1,20 @@
-//! The native user-stack unwinder program: frame pointers for now.
+//! The native user-stack unwinder program: DWARF CFI where an unwind table
+//! covers the PC, frame pointers elsewhere (JIT code, files without tables,
+//! processes user space has not described yet).
 
 use aya_ebpf::{helpers::bpf_probe_read_user, programs::PerfEventContext};
 use icecore_unwinders::{
-    Counter, MAX_TAIL_CALLS, MemoryReader, ProgramIndex, StepOutcome,
-    native::frame_pointer_step,
+    Counter, MAX_TAIL_CALLS, MemoryReader, ProgramIndex, Registers, StepOutcome,
+    native::{ProcessMappingTable, dwarf_step, frame_pointer_step, search_rows},
     sample::{MAX_FRAMES, MAX_USER_FRAMES, flags},
 };
 
-use crate::maps::{PROGRAMS, SCRATCH, count};
+use crate::maps::{PROCESS_MAPPINGS, PROGRAMS, SCRATCH, UNWIND_TABLES, count};
 
-/// Frames walked per program run; with `MAX_TAIL_CALLS` this covers `MAX_USER_FRAMES`.
-const FRAMES_PER_PROGRAM: usize = 18;
-const _: () = assert!(FRAMES_PER_PROGRAM * (MAX_TAIL_CALLS as usize) >= MAX_USER_FRAMES);
+/// Frames walked per program run. Each frame may search a table (up to 24
+/// steps), so this is what the verifier's budget allows; tail calls continue.
+const FRAMES_PER_PROGRAM: usize = 12;
+const _: () = assert!(FRAMES_PER_PROGRAM * (MAX_TAIL_CALLS as usize + 1) >= 300);
 
 /// The sampled process's memory, read with `bpf_probe_read_user`.
 struct UserMemory;
@@ -24,6 +27,35 @@ impl MemoryReader for UserMemory {
     }
 }
 
+/// One step from `regs`; `is_caller` when `regs.ip` is a return address.
+#[inline(always)]
+fn step(
+    regs: &Registers,
+    is_caller: bool,
+    mappings: Option<&ProcessMappingTable>,
+    memory: &mut UserMemory,
+) -> StepOutcome {
+    // A return address points after the call; the call is what covers it.
+    let pc = if is_caller {
+        regs.ip.wrapping_sub(1)
+    } else {
+        regs.ip
+    };
+    if let Some(entry) = mappings.and_then(|m| m.find(pc))
+        && entry.table_rows != 0
+        && let Ok(vaddr) = u32::try_from(pc.wrapping_sub(entry.bias))
+        // SAFETY: the inner map is only read.
+        && let Some(table) = unsafe { UNWIND_TABLES.get(&entry.file_id) }
+        && let Some(index) = search_rows(entry.table_rows, vaddr, |i| table.get(i).map(|r| r.pc))
+        && let Some(row) = table.get(index)
+    {
+        count(Counter::DwarfFrames);
+        return dwarf_step(regs, *row, memory);
+    }
+    count(Counter::FramePointerFrames);
+    frame_pointer_step(regs, memory)
+}
+
 pub fn unwind(ctx: &PerfEventContext) -> u32 {
     let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
         count(Counter::ScratchUnavailable);
@@ -31,6 +63,12 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     };
     // SAFETY: per-CPU value owned by this CPU's tail-call chain.
     let scratch = unsafe { &mut *scratch };
+    let pid = scratch.record.header.pid;
+    // SAFETY: the value is only read; user space replaces it whole.
+    let mappings = unsafe { PROCESS_MAPPINGS.get(&pid) };
+    if mappings.is_none() && scratch.state.tail_calls == 0 {
+        count(Counter::UnknownProcess);
+    }
     let mut memory = UserMemory;
     let mut finished = false;
     for _ in 0..FRAMES_PER_PROGRAM {
@@ -48,7 +86,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         };
         *slot = scratch.state.registers.ip;
         scratch.record.header.user_frames += 1;
-        match frame_pointer_step(&scratch.state.registers, &mut memory) {
+        match step(&scratch.state.registers, user > 0, mappings, &mut memory) {
             StepOutcome::Caller(caller) => scratch.state.registers = caller,
             StepOutcome::EndOfStack => {
                 finished = true;

@@ -13,12 +13,15 @@ pub mod aggregate;
 pub mod clock;
 pub mod host;
 pub mod kernel_btf;
+pub mod native_unwind;
 pub mod process_maps;
 pub mod processes;
 pub mod profiler;
 pub mod record;
 pub mod sampler;
 pub mod symbolize;
+pub mod unwind_maps;
+pub mod unwind_table;
 
 pub use icecore_unwinders::Counter;
 pub use profiler::{CpuProfiler, ProfilerOptions, ProfilerStats};

@@ -75,31 +75,64 @@ impl ProcessTable {
         }
     }
 
-    /// The process, learning it from `/proc` on first sight.
-    pub fn get_or_learn(&mut self, pid: u32, comm: &str) -> &mut TrackedProcess {
-        self.processes
-            .get_or_insert_mut(pid, || TrackedProcess::learn(pid, comm))
+    /// The process, learning it from `/proc` on first sight; `true` when it
+    /// was learned just now.
+    pub fn get_or_learn(&mut self, pid: u32, comm: &str) -> (&mut TrackedProcess, bool) {
+        let mut learned = false;
+        let process = self.processes.get_or_insert_mut(pid, || {
+            learned = true;
+            TrackedProcess::learn(pid, comm)
+        });
+        (process, learned)
+    }
+
+    /// Forgets a process now (it exec'd: its next sample learns it anew).
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.pop(&pid);
+    }
+
+    /// Whether `pid` still runs the process that was learned under it.
+    pub fn is_alive(&self, pid: u32) -> bool {
+        match (
+            self.processes.peek(&pid),
+            process_maps::start_time_ticks(pid),
+        ) {
+            (Some(p), Ok(now)) => p.start_time.is_none_or(|then| then == now),
+            (_, Err(e)) => !e.is_gone(),
+            (None, Ok(_)) => true,
+        }
     }
 
     /// Re-reads the maps of `pid` when some of `addresses` fall outside every
-    /// known mapping (rate-limited per process).
-    pub fn refresh_if_unmapped(&mut self, pid: u32, addresses: impl IntoIterator<Item = u64>) {
+    /// known mapping (rate-limited per process). Returns whether they changed.
+    pub fn refresh_if_unmapped(
+        &mut self,
+        pid: u32,
+        addresses: impl IntoIterator<Item = u64>,
+    ) -> bool {
         let Some(process) = self.processes.peek_mut(&pid) else {
-            return;
+            return false;
         };
         if process.last_refresh.elapsed() < REFRESH_INTERVAL {
-            return;
+            return false;
         }
         if addresses
             .into_iter()
             .all(|a| process.mappings.find(a).is_some())
         {
-            return;
+            return false;
         }
         process.last_refresh = Instant::now();
         match ProcessMappings::read(pid) {
-            Ok(m) => process.mappings = m,
-            Err(e) => debug!(pid, "cannot refresh mappings: {e}"),
+            Ok(m) if m != process.mappings => {
+                process.mappings = m;
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                debug!(pid, "cannot refresh mappings: {e}");
+                false
+            }
         }
     }
 
@@ -109,8 +142,8 @@ impl ProcessTable {
     }
 
     /// Drops processes that exited (or whose PID now belongs to another
-    /// process). Returns how many were dropped.
-    pub fn sweep_exited(&mut self) -> usize {
+    /// process). Returns their PIDs.
+    pub fn sweep_exited(&mut self) -> Vec<u32> {
         let gone: Vec<u32> = self
             .processes
             .iter()
@@ -123,7 +156,7 @@ impl ProcessTable {
         for pid in &gone {
             self.processes.pop(pid);
         }
-        gone.len()
+        gone
     }
 
     /// Number of tracked processes.
@@ -145,7 +178,8 @@ mod tests {
     fn learns_this_process_and_sweeps_a_dead_one() {
         let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
         let me = std::process::id();
-        let p = table.get_or_learn(me, "test");
+        let (p, learned) = table.get_or_learn(me, "test");
+        assert!(learned);
         assert_eq!(p.info.pid, me);
         assert!(!p.mappings.is_empty());
         let here = learns_this_process_and_sweeps_a_dead_one as *const () as u64;
@@ -156,7 +190,7 @@ mod tests {
         table.get_or_learn(pid, "true");
         child.wait().unwrap();
         assert_eq!(table.len(), 2);
-        assert_eq!(table.sweep_exited(), 1);
+        assert_eq!(table.sweep_exited(), vec![pid]);
         assert!(table.get(pid).is_none());
         assert!(table.get(me).is_some());
     }

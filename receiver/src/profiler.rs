@@ -11,7 +11,10 @@ use std::{
 };
 
 use icecore_otlp::model::ProfileBatch;
-use icecore_unwinders::Counter;
+use icecore_unwinders::{
+    Counter,
+    events::{ProcessEvent, ProcessEventKind},
+};
 use tokio::{io::unix::AsyncFd, sync::mpsc, time::MissedTickBehavior};
 use tracing::{debug, info, warn};
 
@@ -19,10 +22,12 @@ use crate::{
     aggregate::{Aggregator, BatchWindow, IntervalStats},
     clock::MonotonicToUnix,
     host,
+    native_unwind::{NativeUnwindInfo, NativeUnwindStats},
     processes::ProcessTable,
     record::RawSample,
     sampler::{CounterValues, CpuSampler, ProgramCost, SamplerError, SamplerOptions},
     symbolize::{Symbolizer, SymbolizerLimits},
+    unwind_maps::UnwindMaps,
 };
 
 /// How often the ring buffer is drained when BPF does not force a wakeup.
@@ -70,11 +75,15 @@ pub struct ProfilerStats {
     pub batches: u64,
     /// Processes currently tracked.
     pub processes_tracked: usize,
+    /// The native unwinder's tables and process descriptions.
+    pub native: NativeUnwindStats,
 }
 
 /// The eBPF CPU profiler.
 pub struct CpuProfiler {
     sampler: CpuSampler,
+    /// None when the unwind maps could not be set up: frame pointers only.
+    native: Option<NativeUnwindInfo>,
     processes: ProcessTable,
     symbolizer: Symbolizer,
     aggregator: Aggregator,
@@ -112,10 +121,19 @@ impl CpuProfiler {
             Ok(false) => {}
             Err(e) => debug!("tracefs not mounted at {}: {e}", host::TRACEFS),
         }
-        let sampler = CpuSampler::start(&options.sampler)?;
+        let mut sampler = CpuSampler::start(&options.sampler)?;
+        let native = sampler.take_unwind_maps().and_then(|(tables, processes)| {
+            let maps = UnwindMaps::new(tables, processes)
+                .map_err(|e| warn!("DWARF unwinding off, frame pointers only: {e}"))
+                .ok()?;
+            NativeUnwindInfo::new(maps, NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN))
+                .map_err(|e| warn!("DWARF unwinding off, cannot start its thread: {e}"))
+                .ok()
+        });
         let hz = i64::from(options.sampler.frequency_hz.max(1));
         Ok(CpuProfiler {
             sampler,
+            native,
             processes: ProcessTable::new(options.max_processes),
             symbolizer: Symbolizer::new(SymbolizerLimits::default()),
             aggregator: Aggregator::new(options.max_samples_per_interval),
@@ -137,6 +155,7 @@ impl CpuProfiler {
     pub fn drain(&mut self) -> usize {
         let Self {
             sampler,
+            native,
             processes,
             aggregator,
             clock,
@@ -148,8 +167,16 @@ impl CpuProfiler {
             Ok(sample) => {
                 let pid = sample.header.pid;
                 let comm = String::from_utf8_lossy(sample.comm());
-                processes.get_or_learn(pid, &comm);
-                processes.refresh_if_unmapped(pid, sample.user_frames());
+                let (process, learned) = processes.get_or_learn(pid, &comm);
+                let has_code = !process.mappings.is_empty();
+                let refreshed = processes.refresh_if_unmapped(pid, sample.user_frames());
+                if (learned || refreshed)
+                    && has_code
+                    && let Some(native) = native.as_mut()
+                    && let Some(process) = processes.get(pid)
+                {
+                    native.describe_process(pid, &process.mappings);
+                }
                 aggregator.add(&sample, clock.to_unix(sample.header.ktime_ns));
             }
             Err(e) => {
@@ -157,6 +184,29 @@ impl CpuProfiler {
                 debug!("dropping ring-buffer record: {e}");
             }
         });
+        let mut events = Vec::new();
+        sampler.drain_events(|bytes| {
+            if let Some(event) = decode_event(bytes) {
+                events.push(event);
+            }
+        });
+        if let Some(native) = native.as_mut() {
+            for event in events {
+                match event.kind() {
+                    Some(ProcessEventKind::Exit) if !processes.is_alive(event.pid) => {
+                        // The process table keeps it until the next batch is
+                        // symbolized; BPF needs nothing more of it.
+                        native.forget_process(event.pid);
+                    }
+                    Some(ProcessEventKind::Exec) => {
+                        native.forget_process(event.pid);
+                        processes.forget(event.pid);
+                    }
+                    _ => {}
+                }
+            }
+            native.poll_builds(|pid| processes.get(pid).map(|p| &p.mappings));
+        }
         if malformed > 0
             && let Ok(mut s) = stats.lock()
         {
@@ -180,6 +230,12 @@ impl CpuProfiler {
             self.aggregator
                 .take_batch(window, &mut self.processes, &mut self.symbolizer);
         let exited = self.processes.sweep_exited();
+        if let Some(native) = self.native.as_mut() {
+            for &pid in &exited {
+                native.forget_process(pid);
+            }
+        }
+        let exited = exited.len();
         self.clock = MonotonicToUnix::measure();
         self.record_interval(interval, exited);
         batch
@@ -210,6 +266,11 @@ impl CpuProfiler {
         stats.samples_dropped += interval.dropped;
         stats.batches += 1;
         stats.processes_tracked = self.processes.len();
+        stats.native = self
+            .native
+            .as_ref()
+            .map(NativeUnwindInfo::stats)
+            .unwrap_or_default();
         debug!(
             samples = interval.samples,
             stacks = interval.stacks,
@@ -274,4 +335,10 @@ async fn wait_readable(
         Some(fd) => fd.readable().await.ok(),
         None => std::future::pending().await,
     }
+}
+
+fn decode_event(bytes: &[u8]) -> Option<ProcessEvent> {
+    let pid = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?);
+    let kind = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
+    Some(ProcessEvent { pid, kind })
 }

@@ -7,9 +7,9 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
+    maps::{HashMap, Map, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{
-        PerfEvent,
+        PerfEvent, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
@@ -22,6 +22,11 @@ use crate::{host, kernel_btf};
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/icecore"));
 
 const ENTRY_PROGRAM: &str = "on_cpu_sample";
+/// Lifecycle tracepoints: (program, category, tracepoint).
+const LIFECYCLE_PROGRAMS: [(&str, &str, &str); 2] = [
+    ("on_process_exit", "sched", "sched_process_exit"),
+    ("on_process_exec", "sched", "sched_process_exec"),
+];
 
 /// Why sampling could not start.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +106,8 @@ pub struct ProgramCost {
 pub struct CpuSampler {
     ebpf: Ebpf,
     ring: RingBuf<MapData>,
+    events: RingBuf<MapData>,
+    unwind_maps: Option<(Map, Map)>,
     counters: PerCpuArray<MapData, u64>,
     // The kernel empties a program array when its last user-space reference
     // closes, which would silently turn every tail call into a failure.
@@ -216,6 +223,35 @@ impl CpuSampler {
             source,
         })?;
 
+        let events = ebpf
+            .take_map("PROCESS_EVENTS")
+            .ok_or(SamplerError::MissingMap("PROCESS_EVENTS"))?;
+        let events = RingBuf::try_from(events).map_err(|source| SamplerError::Map {
+            name: "PROCESS_EVENTS",
+            source,
+        })?;
+        let tables = ebpf
+            .take_map("UNWIND_TABLES")
+            .ok_or(SamplerError::MissingMap("UNWIND_TABLES"))?;
+        let processes = ebpf
+            .take_map("PROCESS_MAPPINGS")
+            .ok_or(SamplerError::MissingMap("PROCESS_MAPPINGS"))?;
+        let unwind_maps = Some((tables, processes));
+
+        for (name, category, tracepoint) in LIFECYCLE_PROGRAMS {
+            let program: &mut TracePoint = ebpf
+                .program_mut(name)
+                .ok_or(SamplerError::MissingProgram(name))?
+                .try_into()
+                .map_err(|source| SamplerError::Program { name, source })?;
+            program
+                .load()
+                .map_err(|source| permission_or_program(name, source))?;
+            program
+                .attach(category, tracepoint)
+                .map_err(|source| SamplerError::Program { name, source })?;
+        }
+
         let entry = perf_program(&mut ebpf, ENTRY_PROGRAM)?;
         for &cpu in &cpus {
             entry
@@ -237,6 +273,8 @@ impl CpuSampler {
         Ok(CpuSampler {
             ebpf,
             ring,
+            events,
+            unwind_maps,
             counters,
             _programs: programs,
             _stats: stats,
@@ -252,6 +290,18 @@ impl CpuSampler {
             n += 1;
         }
         n
+    }
+
+    /// Hands every waiting process event to `f`; never blocks.
+    pub fn drain_events(&mut self, mut f: impl FnMut(&[u8])) {
+        while let Some(item) = self.events.next() {
+            f(&item);
+        }
+    }
+
+    /// The unwind-table and process-mapping maps, once (the caller owns them after).
+    pub fn take_unwind_maps(&mut self) -> Option<(Map, Map)> {
+        self.unwind_maps.take()
     }
 
     /// Counter values summed over CPUs.

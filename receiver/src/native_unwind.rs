@@ -1,0 +1,287 @@
+//! Keeps BPF's view of native code current: builds each executable file's
+//! unwind table once (on a worker thread, off the drain loop), installs it
+//! while some live process maps the file, and writes every known process's
+//! mapping table.
+//!
+//! BPF holds only tables that live processes reference, so its maps return to
+//! their baseline when processes exit; built rows stay in a bounded user-space
+//! cache so a file mapped again (a command run in a loop) is reinstalled
+//! without rebuilding.
+
+use std::{
+    collections::{HashMap, HashSet},
+    num::NonZeroUsize,
+    path::PathBuf,
+    sync::{Arc, mpsc},
+    thread,
+};
+
+use icecore_unwinders::native::{
+    MappingEntry, ProcessMappingTable, mappings::MAX_PROCESS_MAPPINGS,
+};
+use lru::LruCache;
+use tracing::{debug, warn};
+
+use crate::{
+    process_maps::{MappedFile, ProcessMappings},
+    unwind_maps::UnwindMaps,
+    unwind_table::{BuiltTable, build_table},
+};
+
+/// A mapped file, by identity on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    /// Device (major, minor).
+    pub dev: (u32, u32),
+    /// Inode.
+    pub inode: u64,
+}
+
+impl FileKey {
+    fn of(mapping: &MappedFile) -> Self {
+        FileKey {
+            dev: mapping.dev,
+            inode: mapping.inode,
+        }
+    }
+}
+
+enum FileState {
+    Building,
+    Ready(Arc<BuiltTable>),
+    /// No table (no CFI, not ELF, unreadable): frames use frame pointers.
+    Unusable,
+}
+
+struct BuildJob {
+    key: FileKey,
+    paths: Vec<PathBuf>,
+}
+
+/// Totals for logs and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NativeUnwindStats {
+    /// Tables built since start.
+    pub tables_built: u64,
+    /// Files without a usable table.
+    pub tables_unusable: u64,
+    /// Tables installed in BPF now.
+    pub tables_installed: usize,
+    /// Bytes of rows installed in BPF now.
+    pub table_bytes_installed: usize,
+    /// Processes with a mapping table in BPF now.
+    pub processes_described: usize,
+    /// Executable mappings left out because a process had more than BPF holds.
+    pub mappings_left_out: u64,
+    /// Failed BPF map updates.
+    pub map_update_failures: u64,
+}
+
+/// The native unwinder's user-space half.
+pub struct NativeUnwindInfo {
+    maps: UnwindMaps,
+    files: LruCache<FileKey, FileState>,
+    /// Which installed table each key uses, and which processes reference it.
+    users: HashMap<FileKey, HashSet<u32>>,
+    /// Files each described process references.
+    process_files: HashMap<u32, Vec<FileKey>>,
+    jobs: mpsc::SyncSender<BuildJob>,
+    results: mpsc::Receiver<(FileKey, Option<BuiltTable>)>,
+    stats: NativeUnwindStats,
+}
+
+/// Build jobs waiting at most; more are retried on a later refresh.
+const BUILD_QUEUE: usize = 4096;
+
+impl NativeUnwindInfo {
+    /// Starts the table-building thread. `max_cached_files` bounds the
+    /// user-space cache of built tables.
+    pub fn new(maps: UnwindMaps, max_cached_files: NonZeroUsize) -> std::io::Result<Self> {
+        let (jobs, job_rx) = mpsc::sync_channel::<BuildJob>(BUILD_QUEUE);
+        let (result_tx, results) = mpsc::channel();
+        thread::Builder::new()
+            .name("unwind-tables".into())
+            .spawn(move || {
+                for job in job_rx {
+                    let built = job.paths.iter().find_map(|path| match build_table(path) {
+                        Ok(table) => Some(table),
+                        Err(e) => {
+                            debug!(path = %path.display(), "no unwind table: {e}");
+                            None
+                        }
+                    });
+                    if result_tx.send((job.key, built)).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(NativeUnwindInfo {
+            maps,
+            files: LruCache::new(max_cached_files),
+            users: HashMap::new(),
+            process_files: HashMap::new(),
+            jobs,
+            results,
+            stats: NativeUnwindStats::default(),
+        })
+    }
+
+    /// Describes a process to BPF (first sample, or its mappings changed),
+    /// queueing table builds for files not seen before.
+    pub fn describe_process(&mut self, pid: u32, mappings: &ProcessMappings) {
+        let mut table = ProcessMappingTable::default();
+        let mut count = 0usize;
+        let mut referenced = Vec::new();
+        for mapping in mappings
+            .mappings()
+            .iter()
+            .filter(|m| m.executable && !m.is_vdso())
+        {
+            let key = FileKey::of(mapping);
+            referenced.push(key);
+            let built = match self.files.get(&key) {
+                Some(FileState::Ready(built)) => built.clone(),
+                Some(FileState::Building | FileState::Unusable) => continue,
+                None => {
+                    self.queue_build(pid, key, mapping);
+                    continue;
+                }
+            };
+            let Some(bias) = built.load_bias(mapping) else {
+                continue;
+            };
+            if count == MAX_PROCESS_MAPPINGS {
+                self.stats.mappings_left_out += 1;
+                continue;
+            }
+            table.entries[count] = MappingEntry {
+                start: mapping.start,
+                end: mapping.end,
+                bias,
+                file_id: built.file_id,
+                table_rows: built.rows.len() as u32,
+                flags: 0,
+            };
+            count += 1;
+            self.use_table(pid, key, &built);
+        }
+        table.count = count as u32;
+        // Mappings are sorted by start already (ProcessMappings guarantees it).
+        if let Err(e) = self.maps.set_process(pid, &table) {
+            self.stats.map_update_failures += 1;
+            warn!(pid, "cannot describe process to BPF: {e}");
+        }
+        referenced.sort_unstable_by_key(|k| (k.dev, k.inode));
+        referenced.dedup();
+        if let Some(old) = self.process_files.insert(pid, referenced.clone()) {
+            for key in old.into_iter().filter(|k| !referenced.contains(k)) {
+                self.release_table(pid, key);
+            }
+        }
+    }
+
+    fn queue_build(&mut self, pid: u32, key: FileKey, mapping: &MappedFile) {
+        // map_files names the exact file mapped (even if deleted or replaced
+        // since); the container-root path and the plain path are fallbacks.
+        let paths = vec![
+            PathBuf::from(format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                mapping.start, mapping.end
+            )),
+            PathBuf::from(format!("/proc/{pid}/root{}", mapping.path)),
+            PathBuf::from(&*mapping.path),
+        ];
+        match self.jobs.try_send(BuildJob { key, paths }) {
+            Ok(()) => {
+                self.files.put(key, FileState::Building);
+            }
+            Err(e) => debug!("table build queue full, retrying later: {e}"),
+        }
+    }
+
+    fn use_table(&mut self, pid: u32, key: FileKey, built: &BuiltTable) {
+        let users = self.users.entry(key).or_default();
+        if users.is_empty()
+            && !self.maps.has_table(built.file_id)
+            && let Err(e) = self.maps.install_table(built.file_id, &built.rows)
+        {
+            self.stats.map_update_failures += 1;
+            warn!("cannot install unwind table: {e}");
+        }
+        users.insert(pid);
+    }
+
+    fn release_table(&mut self, pid: u32, key: FileKey) {
+        let Some(users) = self.users.get_mut(&key) else {
+            return;
+        };
+        users.remove(&pid);
+        if users.is_empty() {
+            self.users.remove(&key);
+            if let Some(FileState::Ready(built)) = self.files.peek(&key) {
+                self.maps.remove_table(built.file_id);
+            }
+        }
+    }
+
+    /// Installs finished tables and re-describes the processes waiting for
+    /// them. `mappings_of` gives a process's current mappings.
+    pub fn poll_builds<'a>(
+        &mut self,
+        mut mappings_of: impl FnMut(u32) -> Option<&'a ProcessMappings>,
+    ) {
+        let mut ready = Vec::new();
+        while let Ok((key, built)) = self.results.try_recv() {
+            match built {
+                Some(table) => {
+                    self.stats.tables_built += 1;
+                    self.files.put(key, FileState::Ready(Arc::new(table)));
+                }
+                None => {
+                    self.stats.tables_unusable += 1;
+                    self.files.put(key, FileState::Unusable);
+                }
+            }
+            ready.push(key);
+        }
+        if ready.is_empty() {
+            return;
+        }
+        let waiting: Vec<u32> = self
+            .process_files
+            .iter()
+            .filter(|(_, files)| files.iter().any(|f| ready.contains(f)))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in waiting {
+            if let Some(mappings) = mappings_of(pid) {
+                self.describe_process(pid, mappings);
+            }
+        }
+    }
+
+    /// Frees everything BPF holds for a process that exited or exec'd.
+    pub fn forget_process(&mut self, pid: u32) {
+        self.maps.remove_process(pid);
+        if let Some(files) = self.process_files.remove(&pid) {
+            for key in files {
+                self.release_table(pid, key);
+            }
+        }
+    }
+
+    /// Whether BPF has a mapping table for `pid`.
+    pub fn is_described(&self, pid: u32) -> bool {
+        self.process_files.contains_key(&pid)
+    }
+
+    /// Current totals.
+    pub fn stats(&self) -> NativeUnwindStats {
+        NativeUnwindStats {
+            tables_installed: self.maps.table_count(),
+            table_bytes_installed: self.maps.installed_bytes(),
+            processes_described: self.process_files.len(),
+            ..self.stats
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Building one file's unwind table for BPF: the rows (from
+//! `icecore_unwinders::table`), the file's content ID, and its loadable
+//! segments, which give each mapping's load bias.
+
+use std::path::Path;
+
+use icecore_unwinders::{
+    native::UnwindRow,
+    table::{FileId, TableError, UnwindTable},
+};
+use object::{Object, ObjectSegment};
+
+use crate::process_maps::MappedFile;
+
+/// Files larger than this are not read for unwind tables (frame pointers only).
+pub const MAX_FILE_BYTES: u64 = 1 << 30;
+
+/// Why a file has no unwind table.
+#[derive(Debug, thiserror::Error)]
+pub enum TableBuildError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is larger than [`MAX_FILE_BYTES`].
+    #[error("{path} is {size} bytes, more than the {MAX_FILE_BYTES} read for unwind tables")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// Its size.
+        size: u64,
+    },
+    /// The file is not a readable ELF file.
+    #[error("{path}: {message}")]
+    NotElf {
+        /// The file.
+        path: String,
+        /// The parser's complaint.
+        message: String,
+    },
+    /// The CFI could not be turned into a table.
+    #[error("{path}: {source}")]
+    Table {
+        /// The file.
+        path: String,
+        /// The table builder's error.
+        source: TableError,
+    },
+    /// The file has no CFI rows at all.
+    #[error("{0} has no call frame information")]
+    Empty(String),
+}
+
+/// A loadable segment: where file offsets land in the ELF address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LoadSegment {
+    offset: u64,
+    vaddr: u64,
+    size: u64,
+}
+
+/// A file's table, ready to install.
+#[derive(Debug, Clone)]
+pub struct BuiltTable {
+    /// Content-derived ID: the key in `UNWIND_TABLES`.
+    pub file_id: u64,
+    /// The rows, sorted by PC.
+    pub rows: Vec<UnwindRow>,
+    segments: Vec<LoadSegment>,
+}
+
+impl BuiltTable {
+    /// Process address minus ELF virtual address for a mapping of this file,
+    /// or None when the mapping's offset is in no loadable segment.
+    pub fn load_bias(&self, mapping: &MappedFile) -> Option<u64> {
+        const PAGE_MASK: u64 = !0xfff;
+        let segment = self.segments.iter().find(|s| {
+            s.offset & PAGE_MASK <= mapping.file_offset && mapping.file_offset < s.offset + s.size
+        })?;
+        // vaddr - offset is the same for every byte of the segment.
+        let vaddr_of_start = mapping
+            .file_offset
+            .wrapping_add(segment.vaddr.wrapping_sub(segment.offset));
+        Some(mapping.start.wrapping_sub(vaddr_of_start))
+    }
+}
+
+/// Reads `path` and builds its table.
+pub fn build_table(path: &Path) -> Result<BuiltTable, TableBuildError> {
+    let name = || path.display().to_string();
+    let size = std::fs::metadata(path)
+        .map_err(|source| TableBuildError::Read {
+            path: name(),
+            source,
+        })?
+        .len();
+    if size > MAX_FILE_BYTES {
+        return Err(TableBuildError::TooLarge { path: name(), size });
+    }
+    let data = std::fs::read(path).map_err(|source| TableBuildError::Read {
+        path: name(),
+        source,
+    })?;
+    let file = object::File::parse(&*data).map_err(|e| TableBuildError::NotElf {
+        path: name(),
+        message: e.to_string(),
+    })?;
+    let segments = file
+        .segments()
+        .filter_map(|s| {
+            let (offset, size) = s.file_range();
+            (size > 0).then_some(LoadSegment {
+                offset,
+                vaddr: s.address(),
+                size,
+            })
+        })
+        .collect();
+    let table = UnwindTable::from_elf(&data).map_err(|source| TableBuildError::Table {
+        path: name(),
+        source,
+    })?;
+    if table.is_empty() {
+        return Err(TableBuildError::Empty(name()));
+    }
+    Ok(BuiltTable {
+        file_id: FileId::from_bytes(&data).0,
+        rows: table.rows().to_vec(),
+        segments,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_this_test_binary_and_finds_its_bias() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let built = build_table(&exe).unwrap();
+        assert!(built.rows.len() > 1000, "{} rows", built.rows.len());
+        let maps = crate::process_maps::ProcessMappings::read(std::process::id()).unwrap();
+        let here = builds_this_test_binary_and_finds_its_bias as *const () as u64;
+        let mapping = maps.find(here).unwrap();
+        let bias = built.load_bias(mapping).unwrap();
+        // The function's ELF address must be covered by the table.
+        let vaddr = here - bias;
+        let first = u64::from(built.rows[0].pc);
+        assert!(
+            vaddr >= first,
+            "vaddr {vaddr:#x} below the table's first pc {first:#x}"
+        );
+    }
+
+    #[test]
+    fn refuses_non_elf() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x");
+        std::fs::write(&path, b"not an elf").unwrap();
+        assert!(matches!(
+            build_table(&path),
+            Err(TableBuildError::NotElf { .. })
+        ));
+    }
+}
