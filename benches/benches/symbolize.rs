@@ -1,11 +1,15 @@
 //! Symbolization costs: parsing an ELF file's symbols (cold), symbol look-ups in
-//! parsed files, and frames served from the symbolizer's frame cache (warm).
+//! parsed files, and frames served from the symbolizer's frame cache (warm); and
+//! for DWARF, loading a file's debug sections plus first look-ups (cold) and
+//! look-ups in units already parsed (warm).
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 
-use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use icecore_receiver::process_maps::ProcessMappings;
+use icecore_receiver::symbolize::debug_file;
+use icecore_receiver::symbolize::dwarf::DwarfInfo;
 use icecore_receiver::symbolize::elf::ElfSymbols;
 use icecore_receiver::symbolize::{Symbolizer, SymbolizerLimits};
 
@@ -95,25 +99,107 @@ fn warm(c: &mut Criterion) {
             }
         })
     });
+    // Every look-up misses the one-frame cache, with the file parsed and its
+    // DWARF loaded and fully parsed by a first pass.
+    let limits = SymbolizerLimits {
+        max_frames: 1,
+        ..SymbolizerLimits::default()
+    };
+    let mut missing = Symbolizer::new(limits);
+    for &a in &addresses {
+        missing.native_frame(pid, &mapping, a, true);
+    }
     group.bench_function("frame_cache_miss_file_cached", |b| {
-        b.iter_batched(
-            || {
-                let mut fresh = Symbolizer::new(SymbolizerLimits::default());
-                // Load the file so only the frame work is measured.
-                fresh.native_frame(pid, &mapping, here, false);
-                fresh
-            },
-            |mut fresh| {
-                for &a in &addresses {
-                    black_box(fresh.native_frame(pid, &mapping, a, true));
-                }
-                fresh
-            },
-            BatchSize::LargeInput,
-        )
+        b.iter(|| {
+            for &a in &addresses {
+                black_box(missing.native_frame(pid, &mapping, black_box(a), true));
+            }
+        })
+    });
+    // The same without debug information: symbol tables only.
+    let limits = SymbolizerLimits {
+        max_frames: 1,
+        max_debug_bytes: 0,
+        ..SymbolizerLimits::default()
+    };
+    let mut symtab_only = Symbolizer::new(limits);
+    for &a in &addresses {
+        symtab_only.native_frame(pid, &mapping, a, true);
+    }
+    group.bench_function("frame_cache_miss_symtab_only", |b| {
+        b.iter(|| {
+            for &a in &addresses {
+                black_box(symtab_only.native_frame(pid, &mapping, black_box(a), true));
+            }
+        })
     });
     group.finish();
 }
 
-criterion_group!(benches, cold, warm);
+/// Files with DWARF: libc's debug file from libc6-dbg when installed, and this
+/// bench executable (release profile with `debug = 1`), each with the symbols
+/// that give code addresses.
+fn dwarf_files() -> Vec<(&'static str, PathBuf, ElfSymbols)> {
+    let mut files = Vec::new();
+    if let Ok(symbols) = ElfSymbols::load(sample_library())
+        && let Some(debug) = symbols
+            .build_id()
+            .and_then(|id| debug_file::build_id_path(id))
+            .filter(|p| p.exists())
+    {
+        files.push(("libc_debug_file", debug, symbols));
+    }
+    let exe = current_exe();
+    if let Ok(symbols) = ElfSymbols::load(&exe)
+        && symbols.debug_hints().has_dwarf
+    {
+        files.push(("own_executable", exe, symbols));
+    }
+    files
+}
+
+fn dwarf(c: &mut Criterion) {
+    let mut group = c.benchmark_group("symbolize_dwarf");
+    for (name, path, symbols) in dwarf_files() {
+        let addresses: Vec<u64> = code_offsets(&symbols, 4096)
+            .into_iter()
+            .filter_map(|o| symbols.file_offset_to_vaddr(o))
+            .collect();
+        // Cold: read and decompress the sections, build the context, then
+        // resolve 64 addresses, each parsing its unit's lines and functions.
+        group.sample_size(10);
+        group.throughput(Throughput::Elements(64));
+        group.bench_function(format!("cold_load_and_64_lookups/{name}"), |b| {
+            b.iter(|| {
+                let dwarf = DwarfInfo::load(&path, None, false, u64::MAX, 4 << 30).ok()?;
+                let found = addresses
+                    .iter()
+                    .take(64)
+                    .filter(|&&a| dwarf.frames(black_box(a)).is_ok_and(|f| !f.is_empty()))
+                    .count();
+                Some(found)
+            })
+        });
+        let Ok(dwarf) = DwarfInfo::load(&path, None, false, u64::MAX, 4 << 30) else {
+            continue;
+        };
+        for &a in &addresses {
+            let _ = dwarf.frames(a);
+        }
+        // Warm: every unit already parsed.
+        group.sample_size(30);
+        group.throughput(Throughput::Elements(addresses.len() as u64));
+        group.bench_function(format!("warm_lookups/{name}"), |b| {
+            b.iter(|| {
+                addresses
+                    .iter()
+                    .filter(|&&a| dwarf.frames(black_box(a)).is_ok_and(|f| !f.is_empty()))
+                    .count()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, cold, warm, dwarf);
 criterion_main!(benches);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use object::elf;
 use object::read::elf::{FileHeader, ProgramHeader, SectionHeader, Sym};
 use object::read::{ReadCache, ReadRef, SectionIndex, StringTable};
-use object::{Endianness, FileKind};
+use object::{Endian, Endianness, FileKind};
 
 /// Files larger than this are refused by [`ElfSymbols::load`].
 pub const DEFAULT_MAX_FILE_SIZE: u64 = 2 << 30;
@@ -94,6 +94,44 @@ struct Entry {
     name_len: u32,
 }
 
+/// A section's place in its file and in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SectionRange {
+    /// `sh_addr`.
+    pub vaddr: u64,
+    /// `sh_offset`.
+    pub file_offset: u64,
+    /// `sh_size`.
+    pub size: u64,
+}
+
+/// The `.gnu_debuglink` section: where the separate debug file is and its CRC32.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebugLink {
+    /// File name of the debug file (no directory).
+    pub name: String,
+    /// CRC32 (the zlib one) of the whole debug file.
+    pub crc: u32,
+}
+
+/// What an ELF file says about its debug information, noted while its symbols
+/// are read so nothing else has to be parsed until a debug look-up needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DebugHints {
+    /// The file has a non-empty `.debug_info` (or `.zdebug_info`) section.
+    pub has_dwarf: bool,
+    /// The file has a `.symtab` section.
+    pub has_symtab: bool,
+    /// Its `.gnu_debuglink`, when present and well-formed.
+    pub debuglink: Option<DebugLink>,
+    /// Its Go `.gopclntab` (`.data.rel.ro.gopclntab` in PIE binaries).
+    pub gopclntab: Option<SectionRange>,
+    /// Its `.text` section.
+    pub text: Option<SectionRange>,
+    /// Its `.noptrdata` section (Go's module data lives there).
+    pub noptrdata: Option<SectionRange>,
+}
+
 /// The function symbols, build ID and load segments of one ELF file.
 #[derive(Debug, Default)]
 pub struct ElfSymbols {
@@ -101,6 +139,7 @@ pub struct ElfSymbols {
     names: String,
     build_id: Option<Arc<str>>,
     segments: Vec<LoadSegment>,
+    hints: DebugHints,
 }
 
 impl ElfSymbols {
@@ -208,6 +247,11 @@ impl ElfSymbols {
         &self.segments
     }
 
+    /// What the file says about its debug information.
+    pub fn debug_hints(&self) -> &DebugHints {
+        &self.hints
+    }
+
     /// Number of distinct function addresses.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -223,6 +267,11 @@ impl ElfSymbols {
         self.entries.capacity() * std::mem::size_of::<Entry>()
             + self.names.capacity()
             + self.segments.capacity() * std::mem::size_of::<LoadSegment>()
+            + self
+                .hints
+                .debuglink
+                .as_ref()
+                .map_or(0, |l| l.name.capacity())
     }
 
     fn name(&self, entry: &Entry) -> &str {
@@ -314,12 +363,69 @@ fn parse_elf<'data, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'data>>(
     }
     // A corrupt note only costs the build ID.
     let build_id = build_id::<Elf, R>(&sections, program_headers, endian, data).unwrap_or(None);
+    let hints = debug_hints(&sections, endian, data);
     let (entries, names) = merge(raw)?;
     Ok(ElfSymbols {
         entries,
         names,
         build_id,
         segments,
+        hints,
+    })
+}
+
+/// Notes the debug-related sections; a malformed one is left out.
+fn debug_hints<'data, Elf: FileHeader, R: ReadRef<'data>>(
+    sections: &object::read::elf::SectionTable<'data, Elf, R>,
+    endian: Elf::Endian,
+    data: R,
+) -> DebugHints {
+    let mut hints = DebugHints::default();
+    for section in sections.iter() {
+        let Ok(name) = sections.section_name(endian, section) else {
+            continue;
+        };
+        let range = SectionRange {
+            vaddr: section.sh_addr(endian).into(),
+            file_offset: section.sh_offset(endian).into(),
+            size: section.sh_size(endian).into(),
+        };
+        let present = range.size > 0 && section.sh_type(endian) != elf::SHT_NOBITS;
+        match name {
+            b".debug_info" | b".zdebug_info" => hints.has_dwarf |= present,
+            b".symtab" => hints.has_symtab = true,
+            b".gopclntab" | b".data.rel.ro.gopclntab" if present => hints.gopclntab = Some(range),
+            b".text" if present => hints.text = Some(range),
+            b".noptrdata" if present => hints.noptrdata = Some(range),
+            b".gnu_debuglink" => {
+                hints.debuglink = section
+                    .data(endian, data)
+                    .ok()
+                    .and_then(|d| parse_debuglink(d, endian.is_big_endian()));
+            }
+            _ => {}
+        }
+    }
+    hints
+}
+
+/// A `.gnu_debuglink` body: a NUL-terminated file name, padding to 4 bytes, CRC32.
+pub fn parse_debuglink(data: &[u8], big_endian: bool) -> Option<DebugLink> {
+    let nul = data.iter().position(|&b| b == 0)?;
+    let name = std::str::from_utf8(data.get(..nul)?).ok()?;
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return None;
+    }
+    let crc_at = (nul + 1).next_multiple_of(4);
+    let crc: [u8; 4] = data.get(crc_at..crc_at + 4)?.try_into().ok()?;
+    let crc = if big_endian {
+        u32::from_be_bytes(crc)
+    } else {
+        u32::from_le_bytes(crc)
+    };
+    Some(DebugLink {
+        name: name.to_owned(),
+        crc,
     })
 }
 

@@ -7,12 +7,28 @@
 //! look-up, and shares `Arc<Mapping>`s and function names between frames. Kernel
 //! frames use `/proc/kallsyms` ([`kallsyms::KernelSymbols`]), loaded on the first
 //! kernel frame.
+//!
+//! When a file has debug information, frames get source files, lines and their
+//! inlined functions like `perf report` shows them: DWARF from the file itself or
+//! from a separate debug file ([`debug_file`]: build ID, `.gnu_debuglink`), or
+//! the pclntab of Go binaries ([`gopclntab`]). It is loaded on the first frame
+//! miss in the file, kept with the file, and bounded in number of files and
+//! estimated bytes (least recently used dropped first); anything malformed is
+//! counted and the symbol tables serve instead. `[vdso]` frames are symbolized
+//! with icecore's own vDSO ([`vdso`]).
 
+pub mod debug;
+pub mod debug_file;
 pub mod demangle;
+pub mod dwarf;
 pub mod elf;
+mod file_cache;
+pub mod gopclntab;
 pub mod kallsyms;
+pub mod sections;
 #[cfg(test)]
 mod testutil;
+pub mod vdso;
 
 use std::borrow::Cow;
 use std::num::NonZeroUsize;
@@ -23,7 +39,8 @@ use icecore_otlp::model::{Frame, FrameKind, Line, Mapping};
 use lru::LruCache;
 
 use crate::process_maps::MappedFile;
-use elf::{ElfError, ElfSymbols, SymbolRef};
+use debug::DebugInfo;
+use elf::{ElfSymbols, SymbolRef};
 use kallsyms::KernelSymbols;
 
 /// Name of the pseudo mapping kernel frames belong to.
@@ -45,6 +62,14 @@ pub struct SymbolizerLimits {
     /// How long a file that could not be reached (process gone, no privilege) is
     /// not tried again. Files that are not valid ELF are never retried while cached.
     pub retry_unreachable_after: Duration,
+    /// Files whose debug information (DWARF or Go pclntab) is kept loaded at once.
+    pub max_debug_files: usize,
+    /// Estimated bytes of debug information kept loaded, all files together
+    /// (section data plus what parsing it fully would build); a file needing
+    /// more is symbolized from its symbol tables only.
+    pub max_debug_bytes: u64,
+    /// Source file names kept for sharing between frames.
+    pub max_source_files: usize,
 }
 
 impl Default for SymbolizerLimits {
@@ -56,6 +81,9 @@ impl Default for SymbolizerLimits {
             max_functions: 65536,
             max_file_size: elf::DEFAULT_MAX_FILE_SIZE,
             retry_unreachable_after: Duration::from_secs(30),
+            max_debug_files: 32,
+            max_debug_bytes: 512 << 20,
+            max_source_files: 16384,
         }
     }
 }
@@ -81,16 +109,51 @@ pub struct SymbolizerStats {
     pub cached_frames: usize,
     /// Kernel symbols loaded (0 before the first kernel frame or when unavailable).
     pub kernel_symbols: usize,
+    /// DWARF loads that succeeded (a file evicted and loaded again counts twice).
+    pub dwarf_loaded: u64,
+    /// Of those, loads from a separate debug file (build ID or `.gnu_debuglink`).
+    pub separate_debug_files: u64,
+    /// Go pclntab loads that succeeded.
+    pub go_tables_loaded: u64,
+    /// Candidate debug files refused: CRC or build ID mismatch, or unreadable.
+    pub debug_files_rejected: u64,
+    /// Debug information present but unusable: malformed DWARF or pclntab, or
+    /// over the byte budget. The symbol tables serve instead.
+    pub debug_load_failures: u64,
+    /// Look-ups in loaded DWARF that failed on malformed data.
+    pub debug_lookup_failures: u64,
+    /// Debug information dropped to stay within the file or byte bounds.
+    pub debug_evictions: u64,
+    /// Files with debug information loaded now.
+    pub debug_files: usize,
+    /// Estimated bytes of the debug information loaded now.
+    pub debug_bytes: u64,
 }
 
 /// What is known of one ELF file.
-#[derive(Clone)]
 enum CachedFile {
-    Loaded(Arc<ElfSymbols>),
+    Loaded(Box<LoadedFile>),
     /// Not ELF, malformed or too large: stays so while cached.
     Broken,
     /// Could not be opened through any path; retried after the instant.
     Unreachable(Instant),
+}
+
+/// A parsed file and its debug information.
+struct LoadedFile {
+    symbols: Arc<ElfSymbols>,
+    debug: DebugState,
+}
+
+/// Whether a file's debug information is loaded.
+enum DebugState {
+    /// Not tried yet, or dropped to stay within bounds.
+    NotLoaded,
+    Loaded(Box<DebugInfo>),
+    /// None, or unusable: the symbol tables serve.
+    Absent,
+    /// The file was out of reach; tried again after the instant.
+    Retry(Instant),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -108,6 +171,8 @@ enum FrameKey {
         file_offset: u64,
     },
     Kernel(u64),
+    /// An offset in this host's 64-bit vDSO.
+    Vdso(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -143,6 +208,14 @@ pub struct Symbolizer {
     frames: LruCache<FrameKey, Arc<Frame>>,
     mappings: LruCache<MappingKey, Arc<Mapping>>,
     functions: LruCache<FunctionKey, Line>,
+    /// Lines of functions named by debug information, by mangled name.
+    names: LruCache<Box<str>, Line>,
+    /// Source file names, shared between frames.
+    source_files: LruCache<Box<str>, Arc<str>>,
+    /// Files with debug information loaded, least recently used first, with its
+    /// estimated cost.
+    debug_files: LruCache<FileKey, u64>,
+    debug_bytes: u64,
     kernel: KernelState,
     stats: SymbolizerStats,
 }
@@ -160,6 +233,10 @@ impl Symbolizer {
             frames: LruCache::new(bound(limits.max_frames)),
             mappings: LruCache::new(bound(limits.max_mappings)),
             functions: LruCache::new(bound(limits.max_functions)),
+            names: LruCache::new(bound(limits.max_functions)),
+            source_files: LruCache::new(bound(limits.max_source_files)),
+            debug_files: LruCache::unbounded(),
+            debug_bytes: 0,
             kernel: KernelState::NotLoaded,
             stats: SymbolizerStats::default(),
         }
@@ -192,19 +269,26 @@ impl Symbolizer {
         let Some(file_offset) = mapping.file_offset_of(address) else {
             return Self::unknown_frame(FrameKind::Native, address);
         };
-        if mapping.is_vdso() {
-            let mapping = self.mapping_arc(mapping, None);
-            return Arc::new(Frame {
-                kind: FrameKind::Native,
-                address,
-                mapping: Some(mapping),
-                lines: Vec::new(),
-            });
-        }
-        let key = FrameKey::Native {
-            dev: mapping.dev,
-            inode: mapping.inode,
-            file_offset,
+        let key = if mapping.is_vdso() {
+            // Only a vDSO like ours (not a 32-bit process's) is symbolized.
+            match vdso::own() {
+                Some(own) if own.fits(mapping.end - mapping.start) => FrameKey::Vdso(file_offset),
+                _ => {
+                    let mapping = self.mapping_arc(mapping, None);
+                    return Arc::new(Frame {
+                        kind: FrameKind::Native,
+                        address,
+                        mapping: Some(mapping),
+                        lines: Vec::new(),
+                    });
+                }
+            }
+        } else {
+            FrameKey::Native {
+                dev: mapping.dev,
+                inode: mapping.inode,
+                file_offset,
+            }
         };
         if let Some(cached) = self.frames.get(&key) {
             self.stats.frame_cache_hits += 1;
@@ -225,14 +309,10 @@ impl Symbolizer {
             return frame;
         }
         self.stats.frame_cache_misses += 1;
-        let (symbols, transient) = self.file_symbols(pid, mapping);
-        let build_id = symbols.as_ref().and_then(|s| s.build_id().cloned());
-        let function = symbols
-            .as_deref()
-            .and_then(|s| s.lookup_file_offset(file_offset));
-        let lines = match function {
-            Some(function) => vec![self.function_line(mapping.dev, mapping.inode, function)],
-            None => Vec::new(),
+        let (lines, build_id, transient) = if let FrameKey::Vdso(offset) = key {
+            (self.vdso_lines(offset), None, false)
+        } else {
+            self.file_lines(pid, mapping, file_offset)
         };
         let mapping = self.mapping_arc(mapping, build_id);
         let frame = Arc::new(Frame {
@@ -319,6 +399,8 @@ impl Symbolizer {
                 KernelState::Loaded(symbols, _) => symbols.len(),
                 _ => 0,
             },
+            debug_files: self.debug_files.len(),
+            debug_bytes: self.debug_bytes,
             ..self.stats
         }
     }
@@ -333,54 +415,6 @@ impl Symbolizer {
         for key in kernel_keys {
             self.frames.pop(&key);
         }
-    }
-
-    /// The parsed symbols of the mapping's file, or `None` if it cannot be loaded
-    /// (then the bool says whether that may change, e.g. from another process).
-    fn file_symbols(&mut self, pid: u32, mapping: &MappedFile) -> (Option<Arc<ElfSymbols>>, bool) {
-        let key = FileKey {
-            dev: mapping.dev,
-            inode: mapping.inode,
-            path: Arc::clone(&mapping.path),
-        };
-        match self.files.get(&key) {
-            Some(CachedFile::Loaded(symbols)) => {
-                self.stats.file_cache_hits += 1;
-                return (Some(Arc::clone(symbols)), false);
-            }
-            Some(CachedFile::Broken) => {
-                self.stats.file_cache_hits += 1;
-                return (None, false);
-            }
-            Some(CachedFile::Unreachable(retry_at)) if Instant::now() < *retry_at => {
-                self.stats.file_cache_hits += 1;
-                return (None, true);
-            }
-            _ => {}
-        }
-        self.stats.file_cache_misses += 1;
-        let (cached, result) = match load_file(pid, mapping, self.limits.max_file_size) {
-            Ok(symbols) => {
-                self.stats.files_loaded += 1;
-                let symbols = Arc::new(symbols);
-                (
-                    CachedFile::Loaded(Arc::clone(&symbols)),
-                    (Some(symbols), false),
-                )
-            }
-            Err(error) => {
-                self.stats.load_failures += 1;
-                tracing::debug!(pid, path = %mapping.path, %error, "cannot load symbols");
-                if matches!(error, ElfError::Io { .. }) {
-                    let retry_at = Instant::now() + self.limits.retry_unreachable_after;
-                    (CachedFile::Unreachable(retry_at), (None, true))
-                } else {
-                    (CachedFile::Broken, (None, false))
-                }
-            }
-        };
-        self.files.put(key, cached);
-        result
     }
 
     /// The shared `Arc<Mapping>` for a mapping.
@@ -454,33 +488,6 @@ fn same_mapping(cached: Option<&Mapping>, mapping: &MappedFile) -> bool {
     })
 }
 
-/// Loads the mapped file as the process sees it: the exact mapped file via
-/// `map_files` (needs privileges), then the path in the process's mount
-/// namespace, then the path here. A deleted file is only read via `map_files`.
-fn load_file(pid: u32, mapping: &MappedFile, max_size: u64) -> Result<ElfSymbols, ElfError> {
-    let mut candidates = vec![format!(
-        "/proc/{pid}/map_files/{:x}-{:x}",
-        mapping.start, mapping.end
-    )];
-    if !mapping.deleted {
-        candidates.push(format!("/proc/{pid}/root{}", mapping.path));
-        candidates.push(mapping.path.to_string());
-    }
-    let mut last_error = None;
-    for path in candidates {
-        match ElfSymbols::load_with_limit(&path, max_size) {
-            Ok(symbols) => return Ok(symbols),
-            // Unreachable this way (process gone, no privilege): try the next way.
-            Err(error @ ElfError::Io { .. }) => last_error = Some(error),
-            // The file itself is unusable; another path to it will not help.
-            Err(error) => return Err(error),
-        }
-    }
-    Err(last_error.unwrap_or_else(|| ElfError::NotElf {
-        path: mapping.path.to_string(),
-    }))
-}
-
 fn kernel_mapping(start: u64) -> Arc<Mapping> {
     Arc::new(Mapping {
         memory_start: start,
@@ -505,5 +512,9 @@ fn load_kernel() -> KernelState {
     }
 }
 
+#[cfg(test)]
+mod debug_tests;
+#[cfg(test)]
+mod go_tests;
 #[cfg(test)]
 mod tests;

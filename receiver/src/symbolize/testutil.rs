@@ -1,9 +1,13 @@
 //! Helpers for tests that compile real binaries with the system C and C++ compilers.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 use object::{Object, ObjectSegment, ObjectSymbol};
+
+use crate::process_maps::MappedFile;
 
 /// A program with two global functions and a static one, none inlined.
 pub const C_SOURCE: &str = r#"
@@ -75,4 +79,20 @@ pub fn oracle_file_offset(path: &Path, name: &str) -> u64 {
                 .then(|| vaddr - seg.address() + offset)
         })
         .unwrap()
+}
+
+/// A mapping of the whole file at `start`, as if mapped with offset 0.
+pub fn whole_file_mapping(path: &Path, start: u64) -> MappedFile {
+    let meta = std::fs::metadata(path).unwrap();
+    let dev = meta.dev();
+    MappedFile {
+        start,
+        end: start + meta.len().next_multiple_of(4096),
+        file_offset: 0,
+        dev: (libc::major(dev), libc::minor(dev)),
+        inode: meta.ino(),
+        path: Arc::from(path.to_str().unwrap()),
+        executable: true,
+        deleted: false,
+    }
 }

@@ -135,6 +135,7 @@ fn unsized_symbols_extend_to_next() {
         names,
         build_id: None,
         segments: Vec::new(),
+        hints: DebugHints::default(),
     };
     assert_eq!(symbols.lookup_vaddr(0x17f).unwrap().name, "a");
     assert_eq!(symbols.lookup_vaddr(0x18f).unwrap().name, "b");

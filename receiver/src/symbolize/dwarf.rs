@@ -1,0 +1,231 @@
+//! DWARF line tables and inlined functions of one file, through `addr2line`.
+//!
+//! [`DwarfInfo::load`] reads the DWARF sections that symbolization needs (not
+//! location lists, macros or call frame information) into memory, decompressed
+//! and within a byte budget, and builds an `addr2line` context over them; units,
+//! line programs and function trees are then parsed lazily, one compilation unit
+//! at a time, by the look-ups that need them. [`DwarfInfo::frames`] gives the
+//! inline chain of an address, innermost function first.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use gimli::SectionId;
+use object::{Object, ObjectSection};
+
+use super::elf::ElfSymbols;
+use super::sections::{SectionError, SectionFile};
+
+/// The reader `addr2line` works on: shared, owned section bytes.
+type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
+
+/// Inline frames reported for one address at most.
+pub const MAX_INLINE_DEPTH: usize = 64;
+
+/// Why a file's DWARF could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DwarfError {
+    /// A section could not be read, decompressed, or exceeded the budget.
+    #[error(transparent)]
+    Section(#[from] SectionError),
+    /// The DWARF data is malformed.
+    #[error("{path}: malformed DWARF: {source}")]
+    Malformed {
+        /// The file holding the DWARF.
+        path: String,
+        /// What `gimli` rejected.
+        #[source]
+        source: gimli::Error,
+    },
+    /// The file has no `.debug_info`.
+    #[error("{path} has no DWARF")]
+    Absent {
+        /// The file.
+        path: String,
+    },
+}
+
+/// One function of an inline chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DwarfFrame {
+    /// The linkage (mangled) name when DWARF has one, else the plain name.
+    pub name: Option<String>,
+    /// Source file, directory included.
+    pub file: Option<String>,
+    /// 1-based line; 0 when unknown.
+    pub line: u32,
+}
+
+/// The DWARF of one file, ready for look-ups.
+pub struct DwarfInfo {
+    context: addr2line::Context<Reader>,
+    /// Function symbols of a separate debug file, for code DWARF has no
+    /// function for (assembly); `None` when the DWARF is in the binary itself.
+    symbols: Option<ElfSymbols>,
+    /// Conservative estimate of the memory it holds once fully parsed.
+    cost: u64,
+    path: Arc<str>,
+}
+
+impl std::fmt::Debug for DwarfInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DwarfInfo")
+            .field("path", &self.path)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Sections read: everything `addr2line` looks at. Others load as empty.
+const WANTED: [SectionId; 11] = [
+    SectionId::DebugAbbrev,
+    SectionId::DebugAddr,
+    SectionId::DebugAranges,
+    SectionId::DebugInfo,
+    SectionId::DebugLine,
+    SectionId::DebugLineStr,
+    SectionId::DebugStr,
+    SectionId::DebugStrOffsets,
+    SectionId::DebugTypes,
+    SectionId::DebugRanges,
+    SectionId::DebugRngLists,
+];
+
+impl DwarfInfo {
+    /// Loads the DWARF of `path`, taking at most `budget` bytes by the estimate
+    /// of [`DwarfInfo::cost`]. `sup` is the dwz supplementary file, if any.
+    /// With `separate`, the file's own function symbols are kept too.
+    pub fn load(
+        path: &Path,
+        sup: Option<&Path>,
+        separate: bool,
+        max_file_size: u64,
+        budget: u64,
+    ) -> Result<Self, DwarfError> {
+        let mut file = SectionFile::open(path, max_file_size, budget)?;
+        let (mut dwarf, line_bytes, info_bytes) = load_dwarf(&mut file)?;
+        if info_bytes == 0 {
+            return Err(DwarfError::Absent {
+                path: file.path().to_owned(),
+            });
+        }
+        let mut used = file.used();
+        if let Some(sup) = sup {
+            let remaining = budget.saturating_sub(used);
+            let mut sup_file = SectionFile::open(sup, max_file_size, remaining)?;
+            let (sup_dwarf, _, _) = load_dwarf(&mut sup_file)?;
+            used = used.saturating_add(sup_file.used());
+            dwarf.set_sup(sup_dwarf);
+        }
+        // Fully parsed, line rows take about 8 times their encoding and function
+        // trees about twice the DIEs; both are built lazily, so this is an upper bound.
+        let cost = used
+            .saturating_add(line_bytes.saturating_mul(8))
+            .saturating_add(info_bytes.saturating_mul(2));
+        let symbols = separate.then(|| ElfSymbols::load_with_limit(path, max_file_size).ok());
+        let symbols = symbols.flatten();
+        let cost = cost.saturating_add(symbols.as_ref().map_or(0, |s| s.heap_size() as u64));
+        if cost > budget {
+            return Err(SectionError::TooLarge {
+                path: file.path().to_owned(),
+                limit: budget,
+            }
+            .into());
+        }
+        let malformed = |source| DwarfError::Malformed {
+            path: file.path().to_owned(),
+            source,
+        };
+        let context = addr2line::Context::from_dwarf(dwarf).map_err(malformed)?;
+        Ok(DwarfInfo {
+            context,
+            symbols,
+            cost,
+            path: Arc::from(file.path()),
+        })
+    }
+
+    /// Conservative estimate of the bytes held: sections, parsed tables, symbols.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// The file the DWARF was read from.
+    pub fn path(&self) -> &Arc<str> {
+        &self.path
+    }
+
+    /// Function symbols of the separate debug file, when the DWARF came from one.
+    pub fn symbols(&self) -> Option<&ElfSymbols> {
+        self.symbols.as_ref()
+    }
+
+    /// The inline chain at the link-time address `vaddr`, innermost first; empty
+    /// when no compilation unit covers it.
+    pub fn frames(&self, vaddr: u64) -> Result<Vec<DwarfFrame>, gimli::Error> {
+        let mut out = Vec::new();
+        let mut frames = self.context.find_frames(vaddr).skip_all_loads()?;
+        while let Some(frame) = frames.next()? {
+            if out.len() >= MAX_INLINE_DEPTH {
+                break;
+            }
+            let name = match &frame.function {
+                Some(function) => Some(function.raw_name()?.into_owned()),
+                None => None,
+            };
+            let (file, line) = match &frame.location {
+                Some(location) => (location.file.map(str::to_owned), location.line.unwrap_or(0)),
+                None => (None, 0),
+            };
+            out.push(DwarfFrame { name, file, line });
+        }
+        Ok(out)
+    }
+}
+
+/// Reads the wanted sections; returns the DWARF and the sizes of `.debug_line`
+/// and `.debug_info`.
+fn load_dwarf(file: &mut SectionFile) -> Result<(gimli::Dwarf<Reader>, u64, u64), DwarfError> {
+    let (endian, ranges) = {
+        let object = file.object()?;
+        let endian = if object.is_little_endian() {
+            gimli::RunTimeEndian::Little
+        } else {
+            gimli::RunTimeEndian::Big
+        };
+        let mut ranges = Vec::new();
+        for id in WANTED {
+            if let Some(section) = object.section_by_name(id.name()) {
+                let range = section
+                    .compressed_file_range()
+                    .map_err(|e| file.malformed(e.to_string()))?;
+                ranges.push((id, range));
+            }
+        }
+        (endian, ranges)
+    };
+    let mut loaded: Vec<(SectionId, Arc<[u8]>)> = Vec::with_capacity(ranges.len());
+    let (mut line_bytes, mut info_bytes) = (0, 0);
+    for (id, range) in ranges {
+        let data = file.read(range)?;
+        match id {
+            SectionId::DebugLine => line_bytes = data.len() as u64,
+            SectionId::DebugInfo => info_bytes = data.len() as u64,
+            _ => {}
+        }
+        loaded.push((id, Arc::from(data)));
+    }
+    let empty: Arc<[u8]> = Arc::from(Vec::new());
+    let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+        let data = loaded
+            .iter()
+            .find(|(loaded_id, _)| *loaded_id == id)
+            .map_or_else(|| Arc::clone(&empty), |(_, data)| Arc::clone(data));
+        Ok(gimli::EndianArcSlice::new(data, endian))
+    })
+    .map_err(|source| DwarfError::Malformed {
+        path: file.path().to_owned(),
+        source,
+    })?;
+    Ok((dwarf, line_bytes, info_bytes))
+}
