@@ -54,7 +54,8 @@ fn render(stats: &ProfilerStats) -> String {
             stats.counters.get(counter)
         );
     }
-    let scalars: [(&str, &str, &str, f64); 7] = [
+    let native = &stats.native;
+    let scalars: [(&str, &str, &str, f64); 13] = [
         (
             "icecore_samples_reported_total",
             "counter",
@@ -96,6 +97,42 @@ fn render(stats: &ProfilerStats) -> String {
             "counter",
             "Runs of the BPF entry program.",
             stats.bpf_cost.run_count as f64,
+        ),
+        (
+            "icecore_unwind_tables_installed",
+            "gauge",
+            "Unwind tables in BPF maps.",
+            native.tables_installed as f64,
+        ),
+        (
+            "icecore_unwind_table_bytes",
+            "gauge",
+            "Bytes of unwind table rows in BPF maps.",
+            native.table_bytes_installed as f64,
+        ),
+        (
+            "icecore_processes_described",
+            "gauge",
+            "Processes with a mapping table in BPF.",
+            native.processes_described as f64,
+        ),
+        (
+            "icecore_unwind_tables_built_total",
+            "counter",
+            "Unwind tables built.",
+            native.tables_built as f64,
+        ),
+        (
+            "icecore_unwind_tables_unusable_total",
+            "counter",
+            "Files without a usable unwind table.",
+            native.tables_unusable as f64,
+        ),
+        (
+            "icecore_unwind_map_update_failures_total",
+            "counter",
+            "Failed updates of the unwinder's BPF maps.",
+            native.map_update_failures as f64,
         ),
     ];
     for (name, kind, help, value) in scalars {
