@@ -1,7 +1,7 @@
 //! Maps shared by the programs, and the counter helper.
 
 use aya_ebpf::{
-    bindings::{BPF_F_INNER_MAP, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
+    bindings::{BPF_F_INNER_MAP, BPF_F_MMAPABLE},
     btf_maps::{Array, HashOfMaps},
     macros::{btf_map, map},
     maps::{HashMap, PerCpuArray, ProgramArray, RingBuf},
@@ -21,11 +21,14 @@ pub const UNWIND_TABLE_FLAGS: usize = (BPF_F_MMAPABLE | BPF_F_INNER_MAP) as usiz
 pub static UNWIND_TABLES: HashOfMaps<u64, Array<UnwindRow, 1, UNWIND_TABLE_FLAGS>, 4096> =
     HashOfMaps::new();
 
-/// The executable mappings of each known process. Allocated per entry, since
-/// a value is 10 KiB. User space sizes it.
-#[map]
-pub static PROCESS_MAPPINGS: HashMap<u32, ProcessMappingTable> =
-    HashMap::with_max_entries(8192, BPF_F_NO_PREALLOC);
+/// The executable mappings of each known process: pid → a one-element array
+/// holding its table. Perf-event programs may only use preallocated hashes
+/// before Linux 6.1, and preallocating 10 KiB per possible process would be
+/// wasteful: the outer map holds pointers, and each described process costs
+/// one inner array.
+#[btf_map]
+pub static PROCESS_MAPPINGS: HashOfMaps<u32, Array<ProcessMappingTable, 1, 0>, 16384> =
+    HashOfMaps::new();
 
 /// Tail-call targets, indexed by `ProgramIndex`.
 #[map]

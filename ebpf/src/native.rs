@@ -64,8 +64,8 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     // SAFETY: per-CPU value owned by this CPU's tail-call chain.
     let scratch = unsafe { &mut *scratch };
     let pid = scratch.record.header.pid;
-    // SAFETY: the value is only read; user space replaces it whole.
-    let mappings = unsafe { PROCESS_MAPPINGS.get(&pid) };
+    // SAFETY: only read; user space replaces a process's inner map whole.
+    let mappings = unsafe { PROCESS_MAPPINGS.get_value(&pid, &0) };
     if mappings.is_none() && scratch.state.tail_calls == 0 {
         count(Counter::UnknownProcess);
     }

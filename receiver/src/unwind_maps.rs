@@ -7,7 +7,7 @@ use std::{
     os::fd::{AsFd, AsRawFd},
 };
 
-use aya::maps::{HashMap, HashOfMaps, Map, MapData, MapError};
+use aya::maps::{Array, HashOfMaps, Map, MapData, MapError};
 use icecore_unwinders::native::{ProcessMappingTable, UnwindRow};
 
 /// The flags every unwind table must have: the kernel only accepts inner maps
@@ -45,7 +45,7 @@ pub enum UnwindMapError {
 /// Owner of the unwinder's maps.
 pub struct UnwindMaps {
     tables: HashOfMaps<MapData, u64, MapData>,
-    processes: HashMap<MapData, u32, ProcessMappingTable>,
+    processes: HashOfMaps<MapData, u32, Array<MapData, ProcessMappingTable>>,
     installed: StdHashMap<u64, usize>,
     installed_bytes: usize,
 }
@@ -57,10 +57,11 @@ impl UnwindMaps {
             map: "UNWIND_TABLES",
             source,
         })?;
-        let processes = HashMap::try_from(processes).map_err(|source| UnwindMapError::Update {
-            map: "PROCESS_MAPPINGS",
-            source,
-        })?;
+        let processes =
+            HashOfMaps::try_from(processes).map_err(|source| UnwindMapError::Update {
+                map: "PROCESS_MAPPINGS",
+                source,
+            })?;
         Ok(UnwindMaps {
             tables,
             processes,
@@ -137,12 +138,15 @@ impl UnwindMaps {
         pid: u32,
         table: &ProcessMappingTable,
     ) -> Result<(), UnwindMapError> {
-        self.processes
-            .insert(pid, table, 0)
-            .map_err(|source| UnwindMapError::Update {
-                map: "PROCESS_MAPPINGS",
-                source,
-            })
+        let update = |source| UnwindMapError::Update {
+            map: "PROCESS_MAPPINGS",
+            source,
+        };
+        // A fresh inner array per write: the kernel swaps the pointer
+        // atomically, so BPF never sees a half-written table.
+        let mut inner = Array::<MapData, ProcessMappingTable>::create(1, 0).map_err(update)?;
+        inner.set(0, table, 0).map_err(update)?;
+        self.processes.insert(pid, &inner, 0).map_err(update)
     }
 
     /// Removes a process's mapping table; a missing one is not an error.
