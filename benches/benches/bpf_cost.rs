@@ -1,0 +1,143 @@
+//! BPF time per sample and per native frame, from the kernel's own BPF
+//! statistics (`run_time_ns / run_cnt` of the entry program, which includes
+//! every tail-called program).
+//!
+//! Needs root. Profiles a recursion fixture built without frame pointers at
+//! several depths, one instance per CPU so almost every perf event is a full
+//! sample, and fits `ns per sample = fixed + per_frame × frames`.
+//!
+//! `cargo bench -p icecore-benches --bench bpf_cost`
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use icecore_receiver::{Counter, CpuProfiler, ProfilerOptions, SamplerOptions};
+
+const FREQUENCY_HZ: u32 = 997;
+const SECONDS: u64 = 4;
+const DEPTHS: [u32; 4] = [5, 60, 150, 280];
+
+struct Run {
+    depth: u32,
+    ns_per_sample: f64,
+    frames_per_sample: f64,
+    samples: u64,
+}
+
+fn build_fixture(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/recurse.c");
+    let exe = dir.join("recurse");
+    let status = Command::new("cc")
+        .args([
+            "-O2",
+            "-fomit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&source)
+        .status();
+    assert!(
+        matches!(status, Ok(s) if s.success()),
+        "cannot compile {}",
+        source.display()
+    );
+    exe
+}
+
+fn measure(exe: &Path, depth: u32, cpus: usize) -> Run {
+    let seconds = SECONDS + 2;
+    let mut children: Vec<Child> = (0..cpus)
+        .map(|_| {
+            Command::new(exe)
+                .args([depth.to_string(), seconds.to_string()])
+                .spawn()
+                .expect("spawn fixture")
+        })
+        .collect();
+    let pids = children.iter().map(Child::id).collect();
+    let options = ProfilerOptions::new(
+        SamplerOptions {
+            frequency_hz: FREQUENCY_HZ,
+            pids,
+        },
+        Duration::from_secs(3600),
+    );
+    let mut profiler = CpuProfiler::start(&options).expect("start sampling (root needed)");
+    // Warm-up: the first samples learn the processes and install tables.
+    let deadline = Instant::now() + Duration::from_secs(SECONDS);
+    while Instant::now() < deadline {
+        profiler.drain();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    profiler.take_batch();
+    let stats = profiler.stats();
+    let stats = stats.lock().expect("stats lock").clone();
+    for child in &mut children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let emitted = stats.counters.get(Counter::Emitted).max(1);
+    let frames =
+        stats.counters.get(Counter::DwarfFrames) + stats.counters.get(Counter::FramePointerFrames);
+    Run {
+        depth,
+        ns_per_sample: stats.bpf_cost.run_time_ns as f64 / stats.bpf_cost.run_count.max(1) as f64,
+        frames_per_sample: frames as f64 / emitted as f64,
+        samples: stats.bpf_cost.run_count,
+    }
+}
+
+/// Least-squares line through (x, y): (intercept, slope).
+fn fit(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let sxx: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
+    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    (my - slope * mx, slope)
+}
+
+fn main() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("bpf_cost: skipped, needs root to load the BPF programs");
+        return;
+    }
+    // `cargo bench` passes --bench; a filter that names another bench skips this one.
+    if std::env::args()
+        .skip(1)
+        .any(|a| !a.starts_with('-') && !"bpf_cost".contains(a.as_str()))
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build_fixture(dir.path());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let runs: Vec<Run> = DEPTHS.iter().map(|&d| measure(&exe, d, cpus)).collect();
+    println!(
+        "BPF cost per sample (cpu-clock {FREQUENCY_HZ} Hz, {cpus} fixture instances, {SECONDS} s each)"
+    );
+    println!(
+        "{:>6} {:>10} {:>14} {:>14}",
+        "depth", "runs", "frames/sample", "ns/sample"
+    );
+    for r in &runs {
+        println!(
+            "{:>6} {:>10} {:>14.1} {:>14.0}",
+            r.depth, r.samples, r.frames_per_sample, r.ns_per_sample
+        );
+    }
+    let points: Vec<(f64, f64)> = runs
+        .iter()
+        .map(|r| (r.frames_per_sample, r.ns_per_sample))
+        .collect();
+    let (fixed, per_frame) = fit(&points);
+    println!("fit: {fixed:.0} ns fixed + {per_frame:.1} ns per native frame (target: 2000 + 100)");
+}
