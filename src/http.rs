@@ -55,7 +55,7 @@ fn render(stats: &ProfilerStats) -> String {
         );
     }
     let native = &stats.native;
-    let scalars: [(&str, &str, &str, f64); 13] = [
+    let scalars: [(&str, &str, &str, f64); 14] = [
         (
             "icecore_samples_reported_total",
             "counter",
@@ -133,6 +133,12 @@ fn render(stats: &ProfilerStats) -> String {
             "counter",
             "Failed updates of the unwinder's BPF maps.",
             native.map_update_failures as f64,
+        ),
+        (
+            "icecore_unwind_tables_over_budget_total",
+            "counter",
+            "Unwind tables left out of BPF by the memory budget.",
+            native.tables_over_budget as f64,
         ),
     ];
     for (name, kind, help, value) in scalars {

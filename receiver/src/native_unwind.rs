@@ -75,6 +75,9 @@ pub struct NativeUnwindStats {
     pub mappings_left_out: u64,
     /// Failed BPF map updates.
     pub map_update_failures: u64,
+    /// Tables not installed because BPF's table budget was spent (their
+    /// frames use frame pointers).
+    pub tables_over_budget: u64,
 }
 
 /// The native unwinder's user-space half.
@@ -88,7 +91,12 @@ pub struct NativeUnwindInfo {
     jobs: mpsc::SyncSender<BuildJob>,
     results: mpsc::Receiver<(FileKey, Option<BuiltTable>)>,
     stats: NativeUnwindStats,
+    max_table_bytes: usize,
 }
+
+/// Bytes of unwind-table rows kept in BPF maps at most, by default: a busy
+/// host's executables need a few tens of MiB (see the host_tables benchmark).
+pub const DEFAULT_MAX_TABLE_BYTES: usize = 128 << 20;
 
 /// Build jobs waiting at most; more are retried on a later refresh.
 const BUILD_QUEUE: usize = 4096;
@@ -96,7 +104,11 @@ const BUILD_QUEUE: usize = 4096;
 impl NativeUnwindInfo {
     /// Starts the table-building thread. `max_cached_files` bounds the
     /// user-space cache of built tables.
-    pub fn new(maps: UnwindMaps, max_cached_files: NonZeroUsize) -> std::io::Result<Self> {
+    pub fn new(
+        maps: UnwindMaps,
+        max_cached_files: NonZeroUsize,
+        max_table_bytes: usize,
+    ) -> std::io::Result<Self> {
         let (jobs, job_rx) = mpsc::sync_channel::<BuildJob>(BUILD_QUEUE);
         let (result_tx, results) = mpsc::channel();
         thread::Builder::new()
@@ -123,6 +135,7 @@ impl NativeUnwindInfo {
             jobs,
             results,
             stats: NativeUnwindStats::default(),
+            max_table_bytes,
         })
     }
 
@@ -154,6 +167,9 @@ impl NativeUnwindInfo {
                 self.stats.mappings_left_out += 1;
                 continue;
             }
+            if !self.use_table(pid, key, &built) {
+                continue;
+            }
             table.entries[count] = MappingEntry {
                 start: mapping.start,
                 end: mapping.end,
@@ -163,7 +179,6 @@ impl NativeUnwindInfo {
                 flags: 0,
             };
             count += 1;
-            self.use_table(pid, key, &built);
         }
         table.count = count as u32;
         // Mappings are sorted by start already (ProcessMappings guarantees it).
@@ -199,16 +214,23 @@ impl NativeUnwindInfo {
         }
     }
 
-    fn use_table(&mut self, pid: u32, key: FileKey, built: &BuiltTable) {
-        let users = self.users.entry(key).or_default();
-        if users.is_empty()
-            && !self.maps.has_table(built.file_id)
-            && let Err(e) = self.maps.install_table(built.file_id, &built.rows)
-        {
-            self.stats.map_update_failures += 1;
-            warn!("cannot install unwind table: {e}");
+    /// Records that `pid` uses a file's table, installing it if needed.
+    /// Returns false when the table is not in BPF (over budget, or failed).
+    fn use_table(&mut self, pid: u32, key: FileKey, built: &BuiltTable) -> bool {
+        if !self.maps.has_table(built.file_id) {
+            let bytes = std::mem::size_of_val(built.rows.as_slice());
+            if self.maps.installed_bytes() + bytes > self.max_table_bytes {
+                self.stats.tables_over_budget += 1;
+                return false;
+            }
+            if let Err(e) = self.maps.install_table(built.file_id, &built.rows) {
+                self.stats.map_update_failures += 1;
+                warn!("cannot install unwind table: {e}");
+                return false;
+            }
         }
-        users.insert(pid);
+        self.users.entry(key).or_default().insert(pid);
+        true
     }
 
     fn release_table(&mut self, pid: u32, key: FileKey) {

@@ -22,7 +22,7 @@ use crate::{
     aggregate::{Aggregator, BatchWindow, IntervalStats},
     clock::MonotonicToUnix,
     host,
-    native_unwind::{NativeUnwindInfo, NativeUnwindStats},
+    native_unwind::{DEFAULT_MAX_TABLE_BYTES, NativeUnwindInfo, NativeUnwindStats},
     processes::ProcessTable,
     record::RawSample,
     sampler::{CounterValues, CpuSampler, ProgramCost, SamplerError, SamplerOptions},
@@ -126,9 +126,13 @@ impl CpuProfiler {
             let maps = UnwindMaps::new(tables, processes)
                 .map_err(|e| warn!("DWARF unwinding off, frame pointers only: {e}"))
                 .ok()?;
-            NativeUnwindInfo::new(maps, NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN))
-                .map_err(|e| warn!("DWARF unwinding off, cannot start its thread: {e}"))
-                .ok()
+            NativeUnwindInfo::new(
+                maps,
+                NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
+                DEFAULT_MAX_TABLE_BYTES,
+            )
+            .map_err(|e| warn!("DWARF unwinding off, cannot start its thread: {e}"))
+            .ok()
         });
         let hz = i64::from(options.sampler.frequency_hz.max(1));
         Ok(CpuProfiler {
