@@ -8,6 +8,11 @@
 //!
 //! `cargo bench -p icecore-benches --bench bpf_cost`
 
+#![expect(
+    clippy::expect_used,
+    reason = "a benchmark harness: failed setup should abort with its message"
+)]
+
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command},
