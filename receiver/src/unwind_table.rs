@@ -61,6 +61,7 @@ struct LoadSegment {
     offset: u64,
     vaddr: u64,
     size: u64,
+    executable: bool,
 }
 
 /// A file's table, ready to install.
@@ -78,9 +79,23 @@ impl BuiltTable {
     /// or None when the mapping's offset is in no loadable segment.
     pub fn load_bias(&self, mapping: &MappedFile) -> Option<u64> {
         const PAGE_MASK: u64 = !0xfff;
-        let segment = self.segments.iter().find(|s| {
-            s.offset & PAGE_MASK <= mapping.file_offset && mapping.file_offset < s.offset + s.size
-        })?;
+        // Linkers such as lld put the end of one segment and the start of the
+        // next in the same file page, so an offset alone can match two
+        // segments: an executable mapping holds the executable segment that
+        // overlaps the file range it maps.
+        let mapped = mapping.file_offset..mapping.file_offset + (mapping.end - mapping.start);
+        let overlaps = |s: &&LoadSegment| s.offset < mapped.end && mapped.start < s.offset + s.size;
+        let segment = self
+            .segments
+            .iter()
+            .filter(|s| s.executable == mapping.executable)
+            .find(overlaps)
+            .or_else(|| {
+                self.segments.iter().find(|s| {
+                    s.offset & PAGE_MASK <= mapping.file_offset
+                        && mapping.file_offset < s.offset + s.size
+                })
+            })?;
         // vaddr - offset is the same for every byte of the segment.
         let vaddr_of_start = mapping
             .file_offset
@@ -113,10 +128,15 @@ pub fn build_table(path: &Path) -> Result<BuiltTable, TableBuildError> {
         .segments()
         .filter_map(|s| {
             let (offset, size) = s.file_range();
+            let executable = match s.flags() {
+                object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
+                _ => false,
+            };
             (size > 0).then_some(LoadSegment {
                 offset,
                 vaddr: s.address(),
                 size,
+                executable,
             })
         })
         .collect();
@@ -154,6 +174,42 @@ mod tests {
             vaddr >= first,
             "vaddr {vaddr:#x} below the table's first pc {first:#x}"
         );
+    }
+
+    #[test]
+    fn lld_layout_picks_the_executable_segment() {
+        // lld: read-only segment [0, 0x16dd4) and executable segment at file
+        // offset 0x16de0 (vaddr 0x17de0) share the file page 0x16000.
+        let table = BuiltTable {
+            file_id: 1,
+            rows: Vec::new(),
+            segments: vec![
+                LoadSegment {
+                    offset: 0,
+                    vaddr: 0,
+                    size: 0x16dd4,
+                    executable: false,
+                },
+                LoadSegment {
+                    offset: 0x16de0,
+                    vaddr: 0x17de0,
+                    size: 0x5_0000,
+                    executable: true,
+                },
+            ],
+        };
+        let mapping = MappedFile {
+            start: 0x5555_8026_c000,
+            end: 0x5555_802c_0000,
+            file_offset: 0x16000,
+            dev: (0, 0),
+            inode: 1,
+            path: "/x".into(),
+            executable: true,
+            deleted: false,
+        };
+        // vaddr of the mapping start: 0x16000 + (0x17de0 - 0x16de0) = 0x17000.
+        assert_eq!(table.load_bias(&mapping), Some(0x5555_8026_c000 - 0x17000));
     }
 
     #[test]
