@@ -82,7 +82,8 @@ pub struct ProcessInfo {
     pub pid: u32,
     /// Basename of the executable (`process.executable.name`).
     pub executable_name: Arc<str>,
-    /// Full path of the executable (`process.executable.path`).
+    /// Full path of the executable (`process.executable.path`); empty when
+    /// there is none (kernel threads), and then not exported.
     pub executable_path: Arc<str>,
     /// `service.name`; sources default it to the executable name.
     pub service_name: Arc<str>,

@@ -140,14 +140,18 @@ fn samples<'a>(dict: &mut DictBuilder<'a>, process: &'a ProcessProfile) -> Vec<S
 
 fn resource(batch: &ProfileBatch, process: &ProcessProfile) -> Resource {
     let info = &process.process;
+    let mut attributes = vec![
+        string_kv("service.name", &info.service_name),
+        int_kv("process.pid", i64::from(info.pid)),
+        string_kv("process.executable.name", &info.executable_name),
+    ];
+    // Unknown for kernel threads (no executable): omitted, not sent empty.
+    if !info.executable_path.is_empty() {
+        attributes.push(string_kv("process.executable.path", &info.executable_path));
+    }
+    attributes.push(string_kv("host.name", &batch.host_name));
     Resource {
-        attributes: vec![
-            string_kv("service.name", &info.service_name),
-            int_kv("process.pid", i64::from(info.pid)),
-            string_kv("process.executable.name", &info.executable_name),
-            string_kv("process.executable.path", &info.executable_path),
-            string_kv("host.name", &batch.host_name),
-        ],
+        attributes,
         ..Resource::default()
     }
 }
