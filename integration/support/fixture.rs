@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -35,7 +35,7 @@ pub const FIXTURE_FUNCTIONS: &[&str] = &[
 pub const EXE_NAME: &str = "busy";
 
 /// The longest a fixture lives even if the test process dies without killing it.
-const MAX_LIFETIME_SECS: &str = "300";
+pub const MAX_LIFETIME_SECS: &str = "300";
 
 /// Compiles busy.c into `dir` (clang, frame pointers everywhere, leaf included:
 /// gcc 12 would drop the leaf frame's frame pointer) and returns the executable.
@@ -78,43 +78,69 @@ pub enum Mode {
 /// A running fixture; killed (SIGKILL) and reaped on drop.
 pub struct Fixture {
     child: Child,
+    /// The fixture's stdout after its "ready" line, kept open for the fixture's
+    /// whole life (a closed pipe would kill it with SIGPIPE on its next write).
+    stdout: BufReader<ChildStdout>,
     pub exe: PathBuf,
-    pub mode: Mode,
+    /// The busy.c workload, when the fixture is busy.c.
+    pub mode: Option<Mode>,
 }
 
 impl Fixture {
     /// Starts `exe` in `mode` and waits until it reports "ready".
     pub fn spawn(exe: &Path, mode: Mode) -> Fixture {
-        let mut cmd = Command::new(exe);
-        match mode {
-            Mode::Cycle => {}
-            Mode::Threads => {
-                cmd.arg("threads");
-            }
-            Mode::Syscalls => {
-                cmd.arg("syscalls");
-            }
-        }
-        cmd.arg(MAX_LIFETIME_SECS)
+        let mode_args: &[&str] = match mode {
+            Mode::Cycle => &[],
+            Mode::Threads => &["threads"],
+            Mode::Syscalls => &["syscalls"],
+        };
+        let mut args: Vec<String> = mode_args.iter().map(|a| a.to_string()).collect();
+        args.push(MAX_LIFETIME_SECS.to_string());
+        let mut fixture = Fixture::spawn_args(exe, &args);
+        fixture.mode = Some(mode);
+        fixture
+    }
+
+    /// Starts `exe ARGS` (any fixture that prints "ready" on stdout once it
+    /// runs its workload) and waits for that line.
+    pub fn spawn_args<S: AsRef<str>>(exe: &Path, args: &[S]) -> Fixture {
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+        let mut child = Command::new(exe)
+            .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd
+            .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start fixture {}: {e}", exe.display()));
         let stdout = child.stdout.take().expect("fixture stdout is piped");
+        let mut fixture = Fixture {
+            child,
+            stdout: BufReader::new(stdout),
+            exe: exe.to_path_buf(),
+            mode: None,
+        };
+        let line = fixture.read_line();
+        assert_eq!(
+            line,
+            "ready",
+            "fixture {} did not start properly",
+            exe.display()
+        );
+        println!(
+            "fixture {} {args:?} running as pid {}",
+            exe.display(),
+            fixture.pid()
+        );
+        fixture
+    }
+
+    /// The fixture's next line on stdout, trimmed (blocks; "" once it exited).
+    pub fn read_line(&mut self) -> String {
         let mut line = String::new();
-        BufReader::new(stdout)
+        self.stdout
             .read_line(&mut line)
             .expect("read fixture stdout");
-        assert_eq!(line.trim(), "ready", "fixture did not start properly");
-        let fixture = Fixture {
-            child,
-            exe: exe.to_path_buf(),
-            mode,
-        };
-        println!("fixture {:?} running as pid {}", mode, fixture.pid());
-        fixture
+        line.trim().to_string()
     }
 
     pub fn pid(&self) -> u32 {

@@ -9,7 +9,10 @@
 // Test code: a panic is how a helper reports a failed expectation.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+pub mod bpf_maps;
+pub mod build;
 pub mod fixture;
+pub mod metrics;
 pub mod otlp;
 pub mod pprof;
 pub mod receiver;
@@ -220,6 +223,13 @@ impl Icecore {
         self.wait_exit(timeout);
         println!("{}", self.logs());
         self.assert_success();
+    }
+
+    /// Sends SIGTERM (icecore flushes the current interval), waits for the exit,
+    /// prints the logs and asserts a clean exit.
+    pub fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+        self.wait_success(Duration::from_secs(30));
     }
 
     /// Asserts a clean exit (status 0), showing the logs otherwise.

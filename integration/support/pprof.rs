@@ -6,7 +6,7 @@
 //! by field name, so it shares no code with icecore's encoder (only the schema
 //! file, which the `otlp` crate generates its message types from).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -203,15 +203,15 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
         s(int(f, "filename"), "function.filename", &mut v);
         functions.insert(id, name);
     }
-    let mut mapping_ids = HashSet::new();
+    let mut mapping_files: HashMap<u64, String> = HashMap::new();
     for (i, m) in messages(&msg, "mapping").iter().enumerate() {
         let id = uint(m, "id");
         if id != i as u64 + 1 {
             v.push(format!("mapping[{i}].id = {id}, expected {}", i + 1));
         }
-        s(int(m, "filename"), "mapping.filename", &mut v);
+        let filename = s(int(m, "filename"), "mapping.filename", &mut v);
         s(int(m, "build_id"), "mapping.build_id", &mut v);
-        mapping_ids.insert(id);
+        mapping_files.insert(id, filename);
     }
     let mut locations: HashMap<u64, Vec<Frame>> = HashMap::new();
     for (i, l) in messages(&msg, "location").iter().enumerate() {
@@ -220,12 +220,13 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
             v.push(format!("location[{i}].id = {id}, expected {}", i + 1));
         }
         let mapping_id = uint(l, "mapping_id");
-        if mapping_id != 0 && !mapping_ids.contains(&mapping_id) {
+        if mapping_id != 0 && !mapping_files.contains_key(&mapping_id) {
             v.push(format!(
                 "location {id}: mapping_id {mapping_id} does not exist"
             ));
         }
         let address = uint(l, "address");
+        let mapping = mapping_files.get(&mapping_id).cloned();
         let mut frames = Vec::new();
         for line in messages(l, "line") {
             let fid = uint(&line, "function_id");
@@ -240,6 +241,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
                 function: name,
                 kind: None,
                 address,
+                mapping: mapping.clone(),
             });
         }
         if frames.is_empty() {
@@ -247,6 +249,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
                 function: String::new(),
                 kind: None,
                 address,
+                mapping,
             });
         }
         locations.insert(id, frames);

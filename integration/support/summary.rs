@@ -17,6 +17,9 @@ pub struct Frame {
     pub kind: Option<String>,
     /// Instruction address of the location.
     pub address: u64,
+    /// File name of the location's mapping (`/usr/lib/…/libc.so.6`, `[vdso]`);
+    /// None when the location has no mapping.
+    pub mapping: Option<String>,
 }
 
 impl Frame {
@@ -60,6 +63,32 @@ impl DecodedSample {
 
     pub fn leaf(&self) -> Option<&Frame> {
         self.stack.first()
+    }
+
+    /// The first frame that is not a kernel frame (where user space was).
+    pub fn user_leaf(&self) -> Option<&Frame> {
+        self.stack.iter().find(|f| !f.is_kernel())
+    }
+
+    /// How many frames name `function`.
+    pub fn frames_named(&self, function: &str) -> usize {
+        self.stack.iter().filter(|f| f.function == function).count()
+    }
+
+    /// Timestamps not before `from` (Unix epoch ns) as a sample of their own
+    /// (count = how many); None when there are none.
+    pub fn since(&self, from: u64) -> Option<DecodedSample> {
+        let timestamps: Vec<u64> = self
+            .timestamps
+            .iter()
+            .copied()
+            .filter(|&t| t >= from)
+            .collect();
+        (!timestamps.is_empty()).then(|| DecodedSample {
+            count: timestamps.len() as u64,
+            timestamps,
+            ..self.clone()
+        })
     }
 
     /// Function names, leaf first.
@@ -132,6 +161,28 @@ pub fn filtered(
     pred: impl Fn(&DecodedSample) -> bool,
 ) -> Vec<DecodedSample> {
     samples.iter().filter(|s| pred(s)).cloned().collect()
+}
+
+/// The samples (with per-sample timestamps, i.e. from OTLP) of `pid` taken at
+/// or after `from` (Unix epoch ns), and how many samples of `pid` were earlier.
+pub fn of_pid_since(samples: &[DecodedSample], pid: u32, from: u64) -> (Vec<DecodedSample>, u64) {
+    let mut kept = Vec::new();
+    let mut earlier = 0;
+    for s in samples.iter().filter(|s| s.pid == Some(i64::from(pid))) {
+        assert_eq!(
+            s.count,
+            s.timestamps.len() as u64,
+            "a sample's count differs from its number of timestamps: {s:?}"
+        );
+        match s.since(from) {
+            Some(k) => {
+                earlier += s.count - k.count;
+                kept.push(k);
+            }
+            None => earlier += s.count,
+        }
+    }
+    (kept, earlier)
 }
 
 /// Counts per pid.

@@ -64,8 +64,15 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
             function: format!("<bad location index {index}>"),
             kind: None,
             address: 0,
+            mapping: None,
         }];
     };
+    let mapping = usize::try_from(loc.mapping_index)
+        .ok()
+        .filter(|&i| i > 0)
+        .and_then(|i| dict.mapping_table.get(i))
+        .and_then(|m| string_at(dict, m.filename_strindex))
+        .map(str::to_string);
     let kind = indexed_attributes(dict, &loc.attribute_indices)
         .get("profile.frame.type")
         .and_then(|v| v.as_str().map(str::to_string));
@@ -83,6 +90,7 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
                 function: name,
                 kind: kind.clone(),
                 address: loc.address,
+                mapping: mapping.clone(),
             }
         })
         .collect();
@@ -91,6 +99,7 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
             function: String::new(),
             kind,
             address: loc.address,
+            mapping,
         });
     }
     frames

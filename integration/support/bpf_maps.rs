@@ -1,0 +1,238 @@
+// Copyright 2026 The icecore Authors
+// SPDX-License-Identifier: Apache-2.0
+
+//! The native unwinder's BPF maps of a running icecore, read directly from the
+//! kernel (not through icecore's metrics): `PROCESS_MAPPINGS` (pid → a
+//! one-element array holding the process's mapping table) and `UNWIND_TABLES`
+//! (file id → the file's rows). The maps are found by name among the maps the
+//! icecore process holds open (`/proc/PID/fdinfo`'s `map_id`), so another
+//! agent running on the machine is never confused with the one under test.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aya::maps::{Array, HashOfMaps, Map, MapData, MapInfo, MapType};
+use icecore_unwinders::native::ProcessMappingTable;
+
+/// The names as the kernel stores them (at most 15 bytes).
+const PROCESS_MAPPINGS: &str = "PROCESS_MAPPING";
+const UNWIND_TABLES: &str = "UNWIND_TABLES";
+
+/// One executable mapping of a process as BPF sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappingEntry {
+    pub start: u64,
+    pub end: u64,
+    /// Process address minus ELF virtual address.
+    pub bias: u64,
+    pub file_id: u64,
+    /// 0 while the file has no table (frame pointers are used there).
+    pub table_rows: u32,
+}
+
+/// Both maps of one icecore process.
+pub struct UnwinderMaps {
+    processes: HashOfMaps<MapData, u32, Array<MapData, ProcessMappingTable>>,
+    tables: HashOfMaps<MapData, u64, MapData>,
+    pub process_map_id: u32,
+    pub tables_map_id: u32,
+}
+
+/// Ids of the BPF maps process `pid` holds file descriptors of.
+fn map_ids_of(pid: u32) -> BTreeSet<u32> {
+    let mut ids = BTreeSet::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return ids;
+    };
+    for entry in dir.flatten() {
+        let Ok(info) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        if let Some(id) = info
+            .lines()
+            .find_map(|l| l.strip_prefix("map_id:"))
+            .and_then(|v| v.trim().parse().ok())
+        {
+            ids.insert(id);
+        }
+    }
+    ids
+}
+
+fn find_map(name: &str, owned: &BTreeSet<u32>) -> Option<MapData> {
+    let candidates: Vec<MapInfo> = aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .filter(|info| info.name_as_str() == Some(name))
+        .filter(|info| matches!(info.map_type(), Ok(MapType::HashOfMaps)))
+        .collect();
+    let info = candidates
+        .iter()
+        .find(|info| owned.contains(&info.id()))
+        .or_else(|| {
+            // No map_id in fdinfo (old kernel): accept a unique map of that name.
+            (owned.is_empty() && candidates.len() == 1).then(|| &candidates[0])
+        })?;
+    MapData::from_id(info.id()).ok()
+}
+
+impl UnwinderMaps {
+    /// The maps of icecore process `pid`; None until it has loaded them.
+    pub fn of_icecore(pid: u32) -> Option<UnwinderMaps> {
+        let owned = map_ids_of(pid);
+        let processes = find_map(PROCESS_MAPPINGS, &owned)?;
+        let tables = find_map(UNWIND_TABLES, &owned)?;
+        let process_map_id = processes.info().ok()?.id();
+        let tables_map_id = tables.info().ok()?.id();
+        let processes = HashOfMaps::try_from(Map::HashOfMaps(processes))
+            .unwrap_or_else(|e| panic!("{PROCESS_MAPPINGS} is not a u32-keyed hash of maps: {e}"));
+        let tables = HashOfMaps::try_from(Map::HashOfMaps(tables))
+            .unwrap_or_else(|e| panic!("{UNWIND_TABLES} is not a u64-keyed hash of maps: {e}"));
+        Some(UnwinderMaps {
+            processes,
+            tables,
+            process_map_id,
+            tables_map_id,
+        })
+    }
+
+    /// Waits up to `timeout` for icecore process `pid` to have loaded the maps.
+    pub fn wait_for(pid: u32, timeout: std::time::Duration) -> UnwinderMaps {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(maps) = UnwinderMaps::of_icecore(pid) {
+                println!(
+                    "icecore {pid}: {PROCESS_MAPPINGS}(S) is map {}, {UNWIND_TABLES} is map {}",
+                    maps.process_map_id, maps.tables_map_id
+                );
+                return maps;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "icecore {pid} holds no BPF maps named {PROCESS_MAPPINGS}(S) and {UNWIND_TABLES} after {timeout:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Pids with a mapping table.
+    pub fn pids(&self) -> BTreeSet<u32> {
+        self.processes.keys().filter_map(Result::ok).collect()
+    }
+
+    /// File ids with an unwind table.
+    pub fn file_ids(&self) -> BTreeSet<u64> {
+        self.tables.keys().filter_map(Result::ok).collect()
+    }
+
+    /// The mapping table of `pid` (entries in use only); None if it has none.
+    pub fn mappings_of(&self, pid: u32) -> Option<Vec<MappingEntry>> {
+        let inner = self.processes.get(&pid, 0).ok()?;
+        let table = inner.get(&0, 0).ok()?;
+        let count = (table.count as usize).min(table.entries.len());
+        Some(
+            table.entries[..count]
+                .iter()
+                .map(|e| MappingEntry {
+                    start: e.start,
+                    end: e.end,
+                    bias: e.bias,
+                    file_id: e.file_id,
+                    table_rows: e.table_rows,
+                })
+                .collect(),
+        )
+    }
+
+    /// A consistent view of both maps: every process's mapping table and the
+    /// set of installed tables, read until two reads agree (icecore may change
+    /// them in between).
+    pub fn snapshot(&self) -> Snapshot {
+        let mut last: Option<Snapshot> = None;
+        for _ in 0..20 {
+            let file_ids = self.file_ids();
+            let processes: BTreeMap<u32, Vec<MappingEntry>> = self
+                .pids()
+                .into_iter()
+                .filter_map(|pid| self.mappings_of(pid).map(|m| (pid, m)))
+                .collect();
+            let snap = Snapshot {
+                processes,
+                file_ids,
+            };
+            if last.as_ref() == Some(&snap) {
+                return snap;
+            }
+            last = Some(snap);
+            std::thread::sleep(std::time::Duration::from_millis(30));
+        }
+        last.expect("at least one read")
+    }
+}
+
+/// Both maps' content at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    pub processes: BTreeMap<u32, Vec<MappingEntry>>,
+    pub file_ids: BTreeSet<u64>,
+}
+
+impl Snapshot {
+    /// File ids that some process's mapping table names with rows.
+    pub fn referenced_file_ids(&self) -> BTreeSet<u64> {
+        self.processes
+            .values()
+            .flatten()
+            .filter(|e| e.table_rows > 0)
+            .map(|e| e.file_id)
+            .collect()
+    }
+}
+
+/// The executable mappings of `file` in process `pid`, from /proc/PID/maps
+/// (`file` compared after canonicalization).
+pub fn exec_mappings(pid: u32, file: &std::path::Path) -> Vec<(u64, u64)> {
+    exec_mappings_with_offsets(pid, file)
+        .into_iter()
+        .map(|(start, end, _)| (start, end))
+        .collect()
+}
+
+/// `exec_mappings` with each mapping's file offset: (start, end, offset).
+pub fn exec_mappings_with_offsets(pid: u32, file: &std::path::Path) -> Vec<(u64, u64, u64)> {
+    let file = file.canonicalize().unwrap_or_else(|_| file.to_path_buf());
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    maps.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (range, perms, offset, path) = (
+                fields.first()?,
+                fields.get(1)?,
+                fields.get(2)?,
+                fields.get(5)?,
+            );
+            if !perms.contains('x') || std::path::Path::new(path) != file {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+                u64::from_str_radix(offset, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// True when BPF has an unwind table (rows > 0) for every executable mapping
+/// of `file` in process `pid` (false while the file is not mapped).
+pub fn has_tables_for(maps: &UnwinderMaps, pid: u32, file: &std::path::Path) -> bool {
+    let wanted = exec_mappings(pid, file);
+    let Some(entries) = maps.mappings_of(pid) else {
+        return false;
+    };
+    !wanted.is_empty()
+        && wanted.iter().all(|&(start, end)| {
+            entries
+                .iter()
+                .any(|e| e.start <= start && end <= e.end && e.table_rows > 0)
+        })
+}
