@@ -176,6 +176,11 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The pids that have a mapping table.
+    pub fn pids(&self) -> BTreeSet<u32> {
+        self.processes.keys().copied().collect()
+    }
+
     /// File ids that some process's mapping table names with rows.
     pub fn referenced_file_ids(&self) -> BTreeSet<u64> {
         self.processes

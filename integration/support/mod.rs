@@ -13,6 +13,7 @@ pub mod bpf_maps;
 pub mod build;
 pub mod fixture;
 pub mod metrics;
+pub mod native;
 pub mod otlp;
 pub mod pprof;
 pub mod receiver;

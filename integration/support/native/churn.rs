@@ -1,0 +1,250 @@
+// Copyright 2026 The icecore Authors
+// SPDX-License-Identifier: Apache-2.0
+
+//! The map-baseline machinery of the short-lived-process test: waiting until
+//! icecore's BPF maps are steady, polling them while processes come and go,
+//! running the short-lived processes and comparing the final maps with the
+//! baseline.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::support::bpf_maps::{Snapshot, UnwinderMaps};
+
+/// Counts (pids, tables) and what they were at most while a poller ran.
+#[derive(Debug, Default)]
+pub struct Churn {
+    pub peak_pids: usize,
+    pub peak_tables: usize,
+    /// Pids seen in PROCESS_MAPPINGS that were not there at the baseline, with
+    /// the file ids their mapping tables named.
+    pub new_pids: BTreeMap<u32, BTreeSet<u64>>,
+    pub polls: u64,
+}
+
+/// Reads icecore's maps every few milliseconds until `stop`.
+fn poll_maps(icecore_pid: u32, baseline: BTreeSet<u32>, stop: Arc<AtomicBool>) -> Churn {
+    let maps = UnwinderMaps::of_icecore(icecore_pid).expect("icecore's maps");
+    let mut churn = Churn::default();
+    while !stop.load(Ordering::Relaxed) {
+        let pids = maps.pids();
+        let tables = maps.file_ids().len();
+        churn.peak_pids = churn.peak_pids.max(pids.len());
+        churn.peak_tables = churn.peak_tables.max(tables);
+        for pid in pids.difference(&baseline) {
+            let files = churn.new_pids.entry(*pid).or_default();
+            if let Some(entries) = maps.mappings_of(*pid) {
+                files.extend(
+                    entries
+                        .iter()
+                        .filter(|e| e.table_rows > 0)
+                        .map(|e| e.file_id),
+                );
+            }
+        }
+        churn.polls += 1;
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    churn
+}
+
+/// A thread polling icecore's maps (`poll_maps`) until `finish`.
+pub struct MapPoller {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Churn>,
+}
+
+impl MapPoller {
+    /// Starts polling the maps of icecore `icecore_pid`; pids not in
+    /// `baseline` are recorded as new.
+    pub fn start(icecore_pid: u32, baseline: BTreeSet<u32>) -> MapPoller {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || poll_maps(icecore_pid, baseline, stop))
+        };
+        MapPoller { stop, thread }
+    }
+
+    /// Stops the poller and returns what it saw.
+    pub fn finish(self) -> Churn {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("poller thread")
+    }
+}
+
+pub fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The pids of `fin` whose process no longer exists, and how many of
+/// `base_pids` are still alive. Called right after the final read, while every
+/// process it saw may still run (icecore itself among them).
+pub fn liveness(fin: &Snapshot, base_pids: &BTreeSet<u32>) -> (Vec<u32>, usize) {
+    let dead: Vec<u32> = fin.pids().into_iter().filter(|p| !alive(*p)).collect();
+    let base_alive = base_pids.iter().filter(|p| alive(**p)).count();
+    (dead, base_alive)
+}
+
+/// Waits until both counts of `maps` (pids, tables) are unchanged for 2 s (at
+/// most 15 s). Returns when the wait started and since when they were unchanged.
+pub fn wait_steady(maps: &UnwinderMaps) -> (Instant, Instant) {
+    let steady_since = Instant::now();
+    let mut last = (maps.pids().len(), maps.file_ids().len());
+    let mut unchanged_since = Instant::now();
+    while unchanged_since.elapsed() < Duration::from_secs(2)
+        && steady_since.elapsed() < Duration::from_secs(15)
+    {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = (maps.pids().len(), maps.file_ids().len());
+        if now != last {
+            last = now;
+            unchanged_since = Instant::now();
+        }
+    }
+    (steady_since, unchanged_since)
+}
+
+/// Waits until the maps are steady (`wait_steady`) and returns their snapshot,
+/// printed.
+pub fn steady_baseline(label: &str, maps: &UnwinderMaps) -> Snapshot {
+    let (steady_since, unchanged_since) = wait_steady(maps);
+    let base = maps.snapshot();
+    println!(
+        "{label}: baseline after {:.1} s: PROCESS_MAPPINGS {} entries, UNWIND_TABLES {} entries \
+         (steady for {:.1} s)",
+        steady_since.elapsed().as_secs_f64(),
+        base.processes.len(),
+        base.file_ids.len(),
+        unchanged_since.elapsed().as_secs_f64()
+    );
+    base
+}
+
+/// Runs `exe burn 30` `processes` times, one after the other, each to its
+/// successful exit; returns their pids.
+pub fn run_short_lived(exe: &Path, processes: usize) -> BTreeSet<u32> {
+    let mut pids = BTreeSet::new();
+    for i in 0..processes {
+        let mut child = std::process::Command::new(exe)
+            .args(["burn", "30"])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", exe.display()));
+        pids.insert(child.id());
+        let status = child.wait().expect("wait for a short-lived process");
+        assert!(status.success(), "short-lived process {i} failed: {status}");
+    }
+    pids
+}
+
+/// The final maps compared with the baseline and the churn.
+pub struct Outcome {
+    /// Short-lived processes seen in PROCESS_MAPPINGS, with their tables' file ids.
+    pub described_churn: BTreeMap<u32, BTreeSet<u64>>,
+    /// The file ids those tables named.
+    pub churn_files: BTreeSet<u64>,
+    /// Short-lived processes still in PROCESS_MAPPINGS at the end.
+    pub leaked_churn: Vec<u32>,
+    /// File ids named by the final mapping tables.
+    pub referenced: BTreeSet<u64>,
+    /// Installed tables no final mapping table names.
+    pub orphans: Vec<u64>,
+    /// Processes in the final maps that are neither at the baseline nor short-lived.
+    pub new_unrelated: Vec<u32>,
+    /// Baseline processes no longer in the final maps.
+    pub gone: Vec<u32>,
+}
+
+impl Outcome {
+    /// `of` the churn against `base`, printed (`print`).
+    pub fn report(
+        label: &str,
+        processes: usize,
+        churn: &Churn,
+        churn_pids: &BTreeSet<u32>,
+        base: &Snapshot,
+        fin: &Snapshot,
+    ) -> Outcome {
+        let outcome = Outcome::of(churn, churn_pids, &base.pids(), fin);
+        outcome.print(label, processes, base, churn, fin);
+        outcome
+    }
+
+    pub fn of(
+        churn: &Churn,
+        churn_pids: &BTreeSet<u32>,
+        base_pids: &BTreeSet<u32>,
+        fin: &Snapshot,
+    ) -> Outcome {
+        let fin_pids = fin.pids();
+        let described_churn: BTreeMap<u32, BTreeSet<u64>> = churn
+            .new_pids
+            .iter()
+            .filter(|(pid, _)| churn_pids.contains(pid))
+            .map(|(pid, files)| (*pid, files.clone()))
+            .collect();
+        let churn_files: BTreeSet<u64> = described_churn.values().flatten().copied().collect();
+        let leaked_churn: Vec<u32> = fin_pids.intersection(churn_pids).copied().collect();
+        let referenced = fin.referenced_file_ids();
+        let orphans: Vec<u64> = fin.file_ids.difference(&referenced).copied().collect();
+        let new_unrelated: Vec<u32> = fin_pids
+            .difference(base_pids)
+            .copied()
+            .filter(|p| !churn_pids.contains(p))
+            .collect();
+        let gone: Vec<u32> = base_pids.difference(&fin_pids).copied().collect();
+        Outcome {
+            described_churn,
+            churn_files,
+            leaked_churn,
+            referenced,
+            orphans,
+            new_unrelated,
+            gone,
+        }
+    }
+
+    /// Prints the counts at the baseline, their peaks and the final ones, and
+    /// what became of the `processes` short-lived processes and the others.
+    pub fn print(
+        &self,
+        label: &str,
+        processes: usize,
+        base: &Snapshot,
+        churn: &Churn,
+        fin: &Snapshot,
+    ) {
+        let Outcome {
+            described_churn,
+            churn_files,
+            new_unrelated,
+            gone,
+            ..
+        } = self;
+        println!(
+            "{label}: PROCESS_MAPPINGS baseline {} peak {} final {}; UNWIND_TABLES baseline {} peak \
+             {} final {}",
+            base.processes.len(),
+            churn.peak_pids,
+            fin.processes.len(),
+            base.file_ids.len(),
+            churn.peak_tables,
+            fin.file_ids.len()
+        );
+        println!(
+            "{label}: {} of the {processes} short-lived processes were seen described in BPF (their \
+             tables named {} file ids, {} of them not installed at the baseline); other processes \
+             since the baseline: {} new {new_unrelated:?}, {} gone {gone:?}",
+            described_churn.len(),
+            churn_files.len(),
+            churn_files.difference(&base.file_ids).count(),
+            new_unrelated.len(),
+            gone.len()
+        );
+    }
+}
