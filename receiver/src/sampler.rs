@@ -365,9 +365,23 @@ fn perf_program<'a>(
 }
 
 fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), SamplerError> {
-    perf_program(ebpf, name)?
+    let program = perf_program(ebpf, name)?;
+    program
         .load()
-        .map_err(|source| permission_or_program(name, source))
+        .map_err(|source| permission_or_program(name, source))?;
+    // How close the program is to the verifier's 1M-instruction limit.
+    if let Some(count) = program
+        .info()
+        .ok()
+        .and_then(|info| info.verified_instruction_count())
+    {
+        debug!(
+            program = name,
+            verified_instructions = count,
+            "BPF program loaded"
+        );
+    }
+    Ok(())
 }
 
 fn is_permission_denied(error: &(dyn std::error::Error + 'static)) -> bool {
@@ -398,6 +412,13 @@ fn permission_or<E: std::error::Error + 'static>(
 }
 
 fn permission_or_program(name: &'static str, source: aya::programs::ProgramError) -> SamplerError {
+    // The verifier rejects programs with EACCES too; a log means it ran, so
+    // privileges were not the problem.
+    if let aya::programs::ProgramError::LoadError { verifier_log, .. } = &source
+        && !verifier_log.to_string().trim().is_empty()
+    {
+        return SamplerError::Program { name, source };
+    }
     permission_or(source, |source| SamplerError::Program { name, source })
 }
 
