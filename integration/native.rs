@@ -433,13 +433,13 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
     print_metrics_at_end(TEST, &at_end);
 
     assert!(
-        churn.peak_pids > base.processes.len() && churn.peak_tables > base.file_ids.len(),
+        churn.peak_pids > base.processes.len() && churn.peak_tables > base.tables.len(),
         "{TEST}: the maps never grew during the churn (PROCESS_MAPPINGS peak {} vs baseline {}, \
          UNWIND_TABLES peak {} vs baseline {}): the short-lived processes were never described",
         churn.peak_pids,
         base.processes.len(),
         churn.peak_tables,
-        base.file_ids.len()
+        base.tables.len()
     );
     assert!(
         !described_churn.is_empty(),
@@ -467,11 +467,11 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
             "{TEST}: PROCESS_MAPPINGS is not back at its baseline"
         );
         assert_eq!(
-            fin.file_ids.len(),
-            base.file_ids.len(),
+            fin.tables.len(),
+            base.tables.len(),
             "{TEST}: UNWIND_TABLES is not back at its baseline: {:x?} added, {:x?} removed",
-            fin.file_ids.difference(&base.file_ids).collect::<Vec<_>>(),
-            base.file_ids.difference(&fin.file_ids).collect::<Vec<_>>()
+            fin.tables.difference(&base.tables).collect::<Vec<_>>(),
+            base.tables.difference(&fin.tables).collect::<Vec<_>>()
         );
     } else {
         // Other processes on the machine came or went: the baseline moved with
@@ -489,7 +489,7 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
             "{TEST}: PROCESS_MAPPINGS does not match the live processes"
         );
         assert_eq!(
-            fin.file_ids.len(),
+            fin.tables.len(),
             referenced.len(),
             "{TEST}: UNWIND_TABLES does not match the files of the described processes"
         );

@@ -1,5 +1,5 @@
 //! Native unwind tables: building them from ELF files (per MB of CFI), and
-//! the per-frame cost of the BPF-side steps (`search_rows` + `dwarf_step`)
+//! the per-frame cost of the BPF-side steps (`find_row` + `dwarf_step`)
 //! on real tables and a real captured stack.
 
 use std::arch::asm;
@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use icecore_unwinders::native::{dwarf_step, search_rows};
+use icecore_unwinders::native::{chunks::to_chunks, dwarf_step, find_row};
 use icecore_unwinders::table::{AddressSpace, Mapping, UnwindTable, elf_load_bias, unwind};
 use icecore_unwinders::{MemoryReader, Registers};
 
@@ -171,13 +171,12 @@ fn steps(c: &mut Criterion) {
             })
             .collect();
         let len = rows.len() as u32;
+        let chunks = to_chunks(rows).unwrap_or_default();
         group.throughput(Throughput::Elements(pcs.len() as u64));
-        group.bench_function("search_rows/libc", |b| {
+        group.bench_function("find_row/libc", |b| {
             b.iter(|| {
                 pcs.iter()
-                    .filter_map(|&pc| {
-                        search_rows(len, black_box(pc), |i| rows.get(i as usize).map(|r| r.pc))
-                    })
+                    .filter_map(|&pc| find_row(len, black_box(pc), 0, |i| chunks.get(i as usize)))
                     .count()
             })
         });
@@ -187,17 +186,17 @@ fn steps(c: &mut Criterion) {
             bytes: vec![0x11; 1 << 16],
         };
         group.throughput(Throughput::Elements(1));
-        group.bench_function("search_rows+dwarf_step/libc", |b| {
+        group.bench_function("find_row+dwarf_step/libc", |b| {
             let mut i = 0usize;
             b.iter(|| {
                 i = (i + 1) % pcs.len();
                 let row = table.lookup(u64::from(pcs[i]));
-                let regs = Registers {
+                let mut regs = Registers {
                     ip: u64::from(pcs[i]),
                     sp: 0x7000_1000,
                     bp: 0x7000_2000,
                 };
-                row.map(|row| dwarf_step(&regs, row, &mut stack))
+                row.map(|row| dwarf_step(&mut regs, row, &mut stack))
             })
         });
     }

@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use icecore_unwinders::{Counter, SampleRecord, sample::MAX_FRAMES};
 
-use crate::maps::{SAMPLES, SCRATCH, count};
+use crate::maps::{SAMPLES, SCRATCH, count, count_n};
 
 /// Wake the reader only once this many bytes wait: a wakeup per sample costs
 /// about 1 µs of BPF time, and user space polls on a timer anyway. Set at load
@@ -21,7 +21,18 @@ pub fn emit() {
         return;
     };
     // SAFETY: per-CPU value owned by this CPU's tail-call chain.
-    let record = unsafe { &mut (*scratch).record };
+    let scratch = unsafe { &mut *scratch };
+    // Per-frame counts were kept in the scratch space: one update per sample.
+    if scratch.state.dwarf_frames != 0 {
+        count_n(Counter::DwarfFrames, u64::from(scratch.state.dwarf_frames));
+    }
+    if scratch.state.frame_pointer_frames != 0 {
+        count_n(
+            Counter::FramePointerFrames,
+            u64::from(scratch.state.frame_pointer_frames),
+        );
+    }
+    let record = &mut scratch.record;
     let mut frames = (record.header.kernel_frames + record.header.user_frames) as usize;
     if frames > MAX_FRAMES {
         frames = MAX_FRAMES;

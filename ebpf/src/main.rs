@@ -75,24 +75,28 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
         header.comm = [0; 16];
     }
 
-    // SAFETY: the buffer is the first MAX_KERNEL_FRAMES words of `frames`.
-    let written = unsafe {
-        bpf_get_stack(
-            ctx.as_ptr(),
-            record.frames.as_mut_ptr().cast(),
-            (MAX_KERNEL_FRAMES * 8) as u32,
-            0,
-        )
-    };
-    if written < 0 {
-        count(Counter::KernelStackFailed);
+    let regs = interrupted_registers(&ctx);
+    let user_mode = regs.cs & USER_MODE_RPL == USER_MODE_RPL;
+    if user_mode {
         record.header.kernel_frames = 0;
     } else {
-        record.header.kernel_frames = (written as u32) / 8;
+        // SAFETY: the buffer is the first MAX_KERNEL_FRAMES words of `frames`.
+        let written = unsafe {
+            bpf_get_stack(
+                ctx.as_ptr(),
+                record.frames.as_mut_ptr().cast(),
+                (MAX_KERNEL_FRAMES * 8) as u32,
+                0,
+            )
+        };
+        if written < 0 {
+            count(Counter::KernelStackFailed);
+            record.header.kernel_frames = 0;
+        } else {
+            record.header.kernel_frames = (written as u32) / 8;
+        }
     }
-
-    let regs = interrupted_registers(&ctx);
-    let user = if regs.cs & USER_MODE_RPL == USER_MODE_RPL {
+    let user = if user_mode {
         Some(Registers {
             ip: regs.rip,
             sp: regs.rsp,
@@ -107,6 +111,9 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
         from_task
     };
     scratch.state.tail_calls = 0;
+    scratch.state.dwarf_frames = 0;
+    scratch.state.frame_pointer_frames = 0;
+    scratch.stack.clear();
     let next = match user {
         Some(registers) => {
             scratch.state.registers = registers;

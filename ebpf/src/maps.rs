@@ -2,13 +2,13 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_INNER_MAP, BPF_F_MMAPABLE},
-    btf_maps::{Array, HashOfMaps},
+    btf_maps::{Array, ArrayOfMaps, HashOfMaps},
     macros::{btf_map, map},
     maps::{HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use icecore_unwinders::{
     COUNTER_COUNT, Counter, UnwindScratch,
-    native::{ProcessMappingTable, UnwindRow},
+    native::{ProcessMappingTable, UnwindChunk},
     programs::PROGRAM_COUNT,
 };
 
@@ -16,10 +16,12 @@ use icecore_unwinders::{
 /// has its own size (the kernel requires the flags to match the template's).
 pub const UNWIND_TABLE_FLAGS: usize = (BPF_F_MMAPABLE | BPF_F_INNER_MAP) as usize;
 
-/// One unwind table per executable file, keyed by file ID. User space sizes it.
+/// One unwind table per executable file, at the slot user space chose for it
+/// (an array lookup, which the kernel inlines, unlike a hash lookup). Each is
+/// sized by user space: a fence chunk, then the rows.
 #[btf_map]
-pub static UNWIND_TABLES: HashOfMaps<u64, Array<UnwindRow, 1, UNWIND_TABLE_FLAGS>, 4096> =
-    HashOfMaps::new();
+pub static UNWIND_TABLES: ArrayOfMaps<Array<UnwindChunk, 1, UNWIND_TABLE_FLAGS>, 4096> =
+    ArrayOfMaps::new();
 
 /// The executable mappings of each known process: pid → a one-element array
 /// holding its table. Perf-event programs may only use preallocated hashes
@@ -57,8 +59,14 @@ pub static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 /// Adds one to a counter of this CPU.
 #[inline(always)]
 pub fn count(counter: Counter) {
+    count_n(counter, 1);
+}
+
+/// Adds `n` to a counter of this CPU.
+#[inline(always)]
+pub fn count_n(counter: Counter, n: u64) {
     if let Some(value) = COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: per-CPU value, no concurrent writer on this CPU.
-        unsafe { *value += 1 };
+        unsafe { *value += n };
     }
 }

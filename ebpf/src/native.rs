@@ -2,10 +2,17 @@
 //! covers the PC, frame pointers elsewhere (JIT code, files without tables,
 //! processes user space has not described yet).
 
-use aya_ebpf::{helpers::bpf_probe_read_user, programs::PerfEventContext};
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    helpers::{bpf_probe_read_user, generated::bpf_probe_read_user as probe_read_user_block},
+    programs::PerfEventContext,
+};
 use icecore_unwinders::{
-    Counter, MAX_TAIL_CALLS, MemoryReader, ProgramIndex, Registers, StepOutcome,
-    native::{ProcessMappingTable, dwarf_step, frame_pointer_step, search_rows},
+    BlockReader, Counter, MAX_TAIL_CALLS, MemoryReader, ProgramIndex, Registers, StepOutcome,
+    WindowedReader,
+    memory::{STACK_WINDOW_BYTES, STACK_WINDOW_WORDS},
+    native::{ProcessMappingTable, dwarf_step, find_row, frame_pointer_step},
     sample::{MAX_FRAMES, MAX_USER_FRAMES, flags},
 };
 
@@ -27,33 +34,53 @@ impl MemoryReader for UserMemory {
     }
 }
 
+impl BlockReader for UserMemory {
+    #[inline(always)]
+    fn read_block(&mut self, address: u64, dst: &mut [u64; STACK_WINDOW_WORDS], len: u32) -> bool {
+        // Restated for the verifier, which must see the size bounded by the
+        // buffer; the volatile load keeps LLVM from folding the check into
+        // the caller's (on a register the verifier does not connect to `len`).
+        // SAFETY: a load from a local.
+        let len = unsafe { core::ptr::read_volatile(&len) };
+        let len = if len as usize > STACK_WINDOW_BYTES {
+            STACK_WINDOW_BYTES as u32
+        } else {
+            len
+        };
+        // SAFETY: `dst` holds STACK_WINDOW_BYTES and `len` is at most that; the
+        // helper checks the user address and fails on a fault.
+        unsafe {
+            probe_read_user_block(dst.as_mut_ptr().cast(), len, address as *const c_void) == 0
+        }
+    }
+}
+
 /// One step from `regs`; `is_caller` when `regs.ip` is a return address.
+/// The flag tells whether an unwind table (rather than frame pointers) was used.
 #[inline(always)]
 fn step(
-    regs: &Registers,
+    regs: &mut Registers,
     is_caller: bool,
     mappings: Option<&ProcessMappingTable>,
-    memory: &mut UserMemory,
-) -> StepOutcome {
+    memory: &mut WindowedReader<'_, UserMemory>,
+) -> (StepOutcome, bool) {
     // A return address points after the call; the call is what covers it.
     let pc = if is_caller {
         regs.ip.wrapping_sub(1)
     } else {
         regs.ip
     };
-    if let Some(entry) = mappings.and_then(|m| m.find(pc))
+    if let Some(mappings) = mappings
+        && let Some(entry) = mappings.find(pc)
         && entry.table_rows != 0
         && let Ok(vaddr) = u32::try_from(pc.wrapping_sub(entry.bias))
-        // SAFETY: the inner map is only read.
-        && let Some(table) = unsafe { UNWIND_TABLES.get(&entry.file_id) }
-        && let Some(index) = search_rows(entry.table_rows, vaddr, |i| table.get(i).map(|r| r.pc))
-        && let Some(row) = table.get(index)
+        && let Some(table) = UNWIND_TABLES.get(entry.table_slot)
+        // `reserved` is 0; loaded from the map, it is no constant to the verifier.
+        && let Some(row) = find_row(entry.table_rows, vaddr, mappings.reserved, |i| table.get(i))
     {
-        count(Counter::DwarfFrames);
-        return dwarf_step(regs, *row, memory);
+        return (dwarf_step(regs, row, memory), true);
     }
-    count(Counter::FramePointerFrames);
-    frame_pointer_step(regs, memory)
+    (frame_pointer_step(regs, memory), false)
 }
 
 pub fn unwind(ctx: &PerfEventContext) -> u32 {
@@ -69,7 +96,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     if mappings.is_none() && scratch.state.tail_calls == 0 {
         count(Counter::UnknownProcess);
     }
-    let mut memory = UserMemory;
+    let mut memory = WindowedReader::new(&mut scratch.stack, UserMemory);
     let mut finished = false;
     for _ in 0..FRAMES_PER_PROGRAM {
         let user = scratch.record.header.user_frames as usize;
@@ -86,8 +113,19 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         };
         *slot = scratch.state.registers.ip;
         scratch.record.header.user_frames += 1;
-        match step(&scratch.state.registers, user > 0, mappings, &mut memory) {
-            StepOutcome::Caller(caller) => scratch.state.registers = caller,
+        let (outcome, used_table) = step(
+            &mut scratch.state.registers,
+            user > 0,
+            mappings,
+            &mut memory,
+        );
+        if used_table {
+            scratch.state.dwarf_frames += 1;
+        } else {
+            scratch.state.frame_pointer_frames += 1;
+        }
+        match outcome {
+            StepOutcome::Caller => {}
             StepOutcome::EndOfStack => {
                 finished = true;
                 break;
@@ -107,7 +145,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         }
     }
     if !finished {
-        if scratch.state.tail_calls < MAX_TAIL_CALLS {
+        if u32::from(scratch.state.tail_calls) < MAX_TAIL_CALLS {
             scratch.state.tail_calls += 1;
             // SAFETY: same program type in every slot.
             unsafe { PROGRAMS.tail_call(ctx, ProgramIndex::NativeUnwinder as u32) };

@@ -4,13 +4,13 @@
 //! The native unwinder's BPF maps of a running icecore, read directly from the
 //! kernel (not through icecore's metrics): `PROCESS_MAPPINGS` (pid → a
 //! one-element array holding the process's mapping table) and `UNWIND_TABLES`
-//! (file id → the file's rows). The maps are found by name among the maps the
+//! (slot → a file's table). The maps are found by name among the maps the
 //! icecore process holds open (`/proc/PID/fdinfo`'s `map_id`), so another
 //! agent running on the machine is never confused with the one under test.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aya::maps::{Array, HashOfMaps, Map, MapData, MapInfo, MapType};
+use aya::maps::{Array, ArrayOfMaps, HashOfMaps, Map, MapData, MapInfo, MapType};
 use icecore_unwinders::native::ProcessMappingTable;
 
 /// The names as the kernel stores them (at most 15 bytes).
@@ -27,12 +27,14 @@ pub struct MappingEntry {
     pub file_id: u64,
     /// 0 while the file has no table (frame pointers are used there).
     pub table_rows: u32,
+    /// Where the table is in `UNWIND_TABLES`.
+    pub table_slot: u32,
 }
 
 /// Both maps of one icecore process.
 pub struct UnwinderMaps {
     processes: HashOfMaps<MapData, u32, Array<MapData, ProcessMappingTable>>,
-    tables: HashOfMaps<MapData, u64, MapData>,
+    tables: ArrayOfMaps<MapData, MapData>,
     pub process_map_id: u32,
     pub tables_map_id: u32,
 }
@@ -58,11 +60,11 @@ fn map_ids_of(pid: u32) -> BTreeSet<u32> {
     ids
 }
 
-fn find_map(name: &str, owned: &BTreeSet<u32>) -> Option<MapData> {
+fn find_map(name: &str, kind: MapType, owned: &BTreeSet<u32>) -> Option<MapData> {
     let candidates: Vec<MapInfo> = aya::maps::loaded_maps()
         .filter_map(Result::ok)
         .filter(|info| info.name_as_str() == Some(name))
-        .filter(|info| matches!(info.map_type(), Ok(MapType::HashOfMaps)))
+        .filter(|info| info.map_type().is_ok_and(|t| t == kind))
         .collect();
     let info = candidates
         .iter()
@@ -78,14 +80,14 @@ impl UnwinderMaps {
     /// The maps of icecore process `pid`; None until it has loaded them.
     pub fn of_icecore(pid: u32) -> Option<UnwinderMaps> {
         let owned = map_ids_of(pid);
-        let processes = find_map(PROCESS_MAPPINGS, &owned)?;
-        let tables = find_map(UNWIND_TABLES, &owned)?;
+        let processes = find_map(PROCESS_MAPPINGS, MapType::HashOfMaps, &owned)?;
+        let tables = find_map(UNWIND_TABLES, MapType::ArrayOfMaps, &owned)?;
         let process_map_id = processes.info().ok()?.id();
         let tables_map_id = tables.info().ok()?.id();
         let processes = HashOfMaps::try_from(Map::HashOfMaps(processes))
             .unwrap_or_else(|e| panic!("{PROCESS_MAPPINGS} is not a u32-keyed hash of maps: {e}"));
-        let tables = HashOfMaps::try_from(Map::HashOfMaps(tables))
-            .unwrap_or_else(|e| panic!("{UNWIND_TABLES} is not a u64-keyed hash of maps: {e}"));
+        let tables = ArrayOfMaps::try_from(Map::ArrayOfMaps(tables))
+            .unwrap_or_else(|e| panic!("{UNWIND_TABLES} is not an array of maps: {e}"));
         Some(UnwinderMaps {
             processes,
             tables,
@@ -118,9 +120,11 @@ impl UnwinderMaps {
         self.processes.keys().filter_map(Result::ok).collect()
     }
 
-    /// File ids with an unwind table.
-    pub fn file_ids(&self) -> BTreeSet<u64> {
-        self.tables.keys().filter_map(Result::ok).collect()
+    /// Slots of `UNWIND_TABLES` holding a table.
+    pub fn table_slots(&self) -> BTreeSet<u32> {
+        (0..self.tables.len())
+            .filter(|slot| self.tables.get(slot, 0).is_ok())
+            .collect()
     }
 
     /// The mapping table of `pid` (entries in use only); None if it has none.
@@ -137,6 +141,7 @@ impl UnwinderMaps {
                     bias: e.bias,
                     file_id: e.file_id,
                     table_rows: e.table_rows,
+                    table_slot: e.table_slot,
                 })
                 .collect(),
         )
@@ -148,16 +153,13 @@ impl UnwinderMaps {
     pub fn snapshot(&self) -> Snapshot {
         let mut last: Option<Snapshot> = None;
         for _ in 0..20 {
-            let file_ids = self.file_ids();
+            let tables = self.table_slots();
             let processes: BTreeMap<u32, Vec<MappingEntry>> = self
                 .pids()
                 .into_iter()
                 .filter_map(|pid| self.mappings_of(pid).map(|m| (pid, m)))
                 .collect();
-            let snap = Snapshot {
-                processes,
-                file_ids,
-            };
+            let snap = Snapshot { processes, tables };
             if last.as_ref() == Some(&snap) {
                 return snap;
             }
@@ -172,7 +174,8 @@ impl UnwinderMaps {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Snapshot {
     pub processes: BTreeMap<u32, Vec<MappingEntry>>,
-    pub file_ids: BTreeSet<u64>,
+    /// Occupied slots of `UNWIND_TABLES`.
+    pub tables: BTreeSet<u32>,
 }
 
 impl Snapshot {
@@ -181,13 +184,13 @@ impl Snapshot {
         self.processes.keys().copied().collect()
     }
 
-    /// File ids that some process's mapping table names with rows.
-    pub fn referenced_file_ids(&self) -> BTreeSet<u64> {
+    /// Table slots that some process's mapping table names with rows.
+    pub fn referenced_tables(&self) -> BTreeSet<u32> {
         self.processes
             .values()
             .flatten()
             .filter(|e| e.table_rows > 0)
-            .map(|e| e.file_id)
+            .map(|e| e.table_slot)
             .collect()
     }
 }

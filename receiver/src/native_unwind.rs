@@ -167,16 +167,16 @@ impl NativeUnwindInfo {
                 self.stats.mappings_left_out += 1;
                 continue;
             }
-            if !self.use_table(pid, key, &built) {
+            let Some(slot) = self.use_table(pid, key, &built) else {
                 continue;
-            }
+            };
             table.entries[count] = MappingEntry {
                 start: mapping.start,
                 end: mapping.end,
                 bias,
                 file_id: built.file_id,
                 table_rows: built.rows.len() as u32,
-                flags: 0,
+                table_slot: slot,
             };
             count += 1;
         }
@@ -214,23 +214,28 @@ impl NativeUnwindInfo {
         }
     }
 
-    /// Records that `pid` uses a file's table, installing it if needed.
-    /// Returns false when the table is not in BPF (over budget, or failed).
-    fn use_table(&mut self, pid: u32, key: FileKey, built: &BuiltTable) -> bool {
+    /// Records that `pid` uses a file's table, installing it if needed, and
+    /// returns its slot; `None` when the table is not in BPF (over budget,
+    /// or failed).
+    fn use_table(&mut self, pid: u32, key: FileKey, built: &BuiltTable) -> Option<u32> {
         if !self.maps.has_table(built.file_id) {
-            let bytes = std::mem::size_of_val(built.rows.as_slice());
+            let bytes = UnwindMaps::table_bytes(built.rows.len());
             if self.maps.installed_bytes() + bytes > self.max_table_bytes {
                 self.stats.tables_over_budget += 1;
-                return false;
-            }
-            if let Err(e) = self.maps.install_table(built.file_id, &built.rows) {
-                self.stats.map_update_failures += 1;
-                warn!("cannot install unwind table: {e}");
-                return false;
+                return None;
             }
         }
-        self.users.entry(key).or_default().insert(pid);
-        true
+        match self.maps.install_table(built.file_id, &built.rows) {
+            Ok(slot) => {
+                self.users.entry(key).or_default().insert(pid);
+                Some(slot)
+            }
+            Err(e) => {
+                self.stats.map_update_failures += 1;
+                warn!("cannot install unwind table: {e}");
+                None
+            }
+        }
     }
 
     fn release_table(&mut self, pid: u32, key: FileKey) {

@@ -1,14 +1,15 @@
 //! The BPF maps that describe native code to the unwinder: one unwind table
-//! per executable file (an exactly-sized array filled through mmap, inserted
-//! into `UNWIND_TABLES`) and one mapping table per process.
+//! per executable file (an exactly-sized array of 4 KiB chunks filled through
+//! mmap, set at a free slot of `UNWIND_TABLES`) and one mapping table per
+//! process.
 
 use std::{
     collections::HashMap as StdHashMap,
     os::fd::{AsFd, AsRawFd},
 };
 
-use aya::maps::{Array, HashOfMaps, Map, MapData, MapError};
-use icecore_unwinders::native::{ProcessMappingTable, UnwindRow};
+use aya::maps::{Array, ArrayOfMaps, HashOfMaps, Map, MapData, MapError};
+use icecore_unwinders::native::{ProcessMappingTable, UnwindChunk, UnwindRow, chunks::to_chunks};
 
 /// The flags every unwind table must have: the kernel only accepts inner maps
 /// whose flags match the template's (`ebpf/src/maps.rs`).
@@ -40,23 +41,47 @@ pub enum UnwindMapError {
     /// The table is empty or larger than BPF can search.
     #[error("unwind table of {0} rows is empty or too large")]
     BadSize(usize),
+    /// `UNWIND_TABLES` is not an array of maps, or its descriptor cannot be duplicated.
+    #[error("UNWIND_TABLES: {0}")]
+    Descriptor(std::io::Error),
+    /// Every slot of `UNWIND_TABLES` holds a table.
+    #[error("all {0} unwind table slots are in use")]
+    NoFreeSlot(u32),
+}
+
+/// A table in `UNWIND_TABLES`.
+#[derive(Debug, Clone, Copy)]
+struct Installed {
+    slot: u32,
+    bytes: usize,
 }
 
 /// Owner of the unwinder's maps.
 pub struct UnwindMaps {
-    tables: HashOfMaps<MapData, u64, MapData>,
+    tables: ArrayOfMaps<MapData, MapData>,
     processes: HashOfMaps<MapData, u32, Array<MapData, ProcessMappingTable>>,
-    installed: StdHashMap<u64, usize>,
+    installed: StdHashMap<u64, Installed>,
+    /// A second descriptor of `UNWIND_TABLES`, for the deletes aya lacks.
+    tables_fd: std::os::fd::OwnedFd,
+    /// Unused slots of `UNWIND_TABLES`, lowest last.
+    free_slots: Vec<u32>,
     installed_bytes: usize,
 }
 
 impl UnwindMaps {
     /// Wraps the maps taken from the loaded object.
     pub fn new(tables: Map, processes: Map) -> Result<Self, UnwindMapError> {
-        let tables = HashOfMaps::try_from(tables).map_err(|source| UnwindMapError::Update {
-            map: "UNWIND_TABLES",
-            source,
-        })?;
+        let tables_fd = match &tables {
+            Map::ArrayOfMaps(data) => data.fd().as_fd().try_clone_to_owned(),
+            _ => Err(std::io::Error::other("not an array of maps")),
+        }
+        .map_err(UnwindMapError::Descriptor)?;
+        let tables: ArrayOfMaps<MapData, MapData> =
+            ArrayOfMaps::try_from(tables).map_err(|source| UnwindMapError::Update {
+                map: "UNWIND_TABLES",
+                source,
+            })?;
+        let free_slots = (0..tables.len()).rev().collect();
         let processes =
             HashOfMaps::try_from(processes).map_err(|source| UnwindMapError::Update {
                 map: "PROCESS_MAPPINGS",
@@ -66,24 +91,32 @@ impl UnwindMaps {
             tables,
             processes,
             installed: StdHashMap::new(),
+            tables_fd,
+            free_slots,
             installed_bytes: 0,
         })
     }
 
-    /// Installs (or replaces) the unwind table of a file.
+    /// Installs the unwind table of a file (sorted rows) and returns its
+    /// slot; a file already installed keeps its slot.
     pub fn install_table(
         &mut self,
         file_id: u64,
         rows: &[UnwindRow],
-    ) -> Result<(), UnwindMapError> {
-        let count = u32::try_from(rows.len())
-            .ok()
-            .filter(|&n| n > 0 && n <= icecore_unwinders::native::dwarf::MAX_TABLE_ROWS)
-            .ok_or(UnwindMapError::BadSize(rows.len()))?;
+    ) -> Result<u32, UnwindMapError> {
+        if let Some(installed) = self.installed.get(&file_id) {
+            return Ok(installed.slot);
+        }
+        let chunks = to_chunks(rows).ok_or(UnwindMapError::BadSize(rows.len()))?;
+        let count = u32::try_from(chunks.len()).map_err(|_| UnwindMapError::BadSize(rows.len()))?;
+        let slot = *self
+            .free_slots
+            .last()
+            .ok_or(UnwindMapError::NoFreeSlot(self.tables.len()))?;
         let params = aya_obj::Map::new_from_params(
             BPF_MAP_TYPE_ARRAY,
             4,
-            size_of::<UnwindRow>() as u32,
+            size_of::<UnwindChunk>() as u32,
             count,
             UNWIND_TABLE_FLAGS,
         );
@@ -93,28 +126,47 @@ impl UnwindMaps {
                 source,
             }
         })?;
-        write_through_mmap(&inner, rows)?;
+        write_through_mmap(&inner, &chunks)?;
         self.tables
-            .insert(file_id, &inner, 0)
+            .set(slot, &inner, 0)
             .map_err(|source| UnwindMapError::Update {
                 map: "UNWIND_TABLES",
                 source,
             })?;
         // The outer map now holds the kernel's reference; `inner` may close.
-        let bytes = std::mem::size_of_val(rows);
-        if let Some(old) = self.installed.insert(file_id, bytes) {
-            self.installed_bytes -= old;
-        }
+        self.free_slots.pop();
+        let bytes = std::mem::size_of_val(chunks.as_slice());
+        self.installed.insert(file_id, Installed { slot, bytes });
         self.installed_bytes += bytes;
-        Ok(())
+        Ok(slot)
+    }
+
+    /// Bytes a table of `rows` rows takes in BPF (its chunks).
+    pub fn table_bytes(rows: usize) -> usize {
+        u32::try_from(rows)
+            .ok()
+            .and_then(icecore_unwinders::native::ChunkLayout::of)
+            .map_or(0, |l| l.elements() as usize * size_of::<UnwindChunk>())
     }
 
     /// Removes a file's table; a missing one is not an error.
     pub fn remove_table(&mut self, file_id: u64) {
-        if let Some(bytes) = self.installed.remove(&file_id) {
-            self.installed_bytes -= bytes;
-            let _ = self.tables.remove(&file_id);
+        if let Some(installed) = self.installed.remove(&file_id) {
+            self.installed_bytes -= installed.bytes;
+            if let Err(e) = delete_element(self.tables_fd(), installed.slot) {
+                // The slot still points at the old table: leave it out of use.
+                tracing::warn!(
+                    slot = installed.slot,
+                    "cannot clear an unwind table slot: {e}"
+                );
+                return;
+            }
+            self.free_slots.push(installed.slot);
         }
+    }
+
+    fn tables_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.tables_fd.as_fd()
     }
 
     /// Whether a file's table is installed.
@@ -160,12 +212,12 @@ impl UnwindMaps {
     }
 }
 
-/// Copies `rows` into a freshly created mmap-able array: one memcpy instead
-/// of one syscall per row.
-fn write_through_mmap(map: &MapData, rows: &[UnwindRow]) -> Result<(), UnwindMapError> {
+/// Copies `chunks` into a freshly created mmap-able array: one memcpy instead
+/// of one syscall per element.
+fn write_through_mmap(map: &MapData, chunks: &[UnwindChunk]) -> Result<(), UnwindMapError> {
     // SAFETY: sysconf has no memory-safety preconditions.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let bytes = std::mem::size_of_val(rows);
+    let bytes = std::mem::size_of_val(chunks);
     let length = bytes.div_ceil(page) * page;
     let fd = map.fd().as_fd().as_raw_fd();
     // SAFETY: a fresh shared mapping of the array's whole (page-rounded) size.
@@ -182,10 +234,47 @@ fn write_through_mmap(map: &MapData, rows: &[UnwindRow]) -> Result<(), UnwindMap
     if address == libc::MAP_FAILED {
         return Err(UnwindMapError::Mmap(std::io::Error::last_os_error()));
     }
-    // SAFETY: the mapping is at least `bytes` long and not aliased; rows are POD.
+    // SAFETY: the mapping is at least `bytes` long and not aliased; chunks are POD.
     unsafe {
-        std::ptr::copy_nonoverlapping(rows.as_ptr().cast::<u8>(), address.cast::<u8>(), bytes);
+        std::ptr::copy_nonoverlapping(chunks.as_ptr().cast::<u8>(), address.cast::<u8>(), bytes);
         libc::munmap(address, length);
     }
     Ok(())
+}
+
+/// `BPF_MAP_DELETE_ELEM` on an array of maps (aya has no call for it): drops
+/// the kernel's reference to the inner map at `index`.
+fn delete_element(map: std::os::fd::BorrowedFd<'_>, index: u32) -> std::io::Result<()> {
+    const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+    /// The prefix of `union bpf_attr` the command reads.
+    #[repr(C)]
+    struct DeleteAttr {
+        map_fd: u32,
+        pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    let attr = DeleteAttr {
+        map_fd: map.as_raw_fd() as u32,
+        pad: 0,
+        key: std::ptr::from_ref(&index) as u64,
+        value: 0,
+        flags: 0,
+    };
+    // SAFETY: `attr` is a valid bpf_attr prefix for this command and `key`
+    // points at a live u32 for the duration of the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_DELETE_ELEM,
+            std::ptr::from_ref(&attr),
+            size_of::<DeleteAttr>(),
+        )
+    };
+    if ret < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }

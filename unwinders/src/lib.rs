@@ -24,7 +24,7 @@ pub mod table;
 mod user;
 
 pub use counters::{COUNTER_COUNT, Counter};
-pub use memory::MemoryReader;
+pub use memory::{BlockReader, MemoryReader, StackWindow, WindowedReader};
 pub use native::{Registers, StepOutcome};
 pub use programs::{MAX_TAIL_CALLS, ProgramIndex};
 pub use sample::{SampleHeader, SampleRecord, UnwindScratch, UnwindState};

@@ -1,7 +1,7 @@
 //! The sample record BPF writes to the ring buffer, and the per-CPU scratch
 //! space the programs of one tail-call chain share.
 
-use crate::native::Registers;
+use crate::{memory::StackWindow, native::Registers};
 
 /// Kernel frames kept per sample; `kernel.perf_event_max_stack` defaults to 127.
 pub const MAX_KERNEL_FRAMES: usize = 127;
@@ -73,9 +73,13 @@ pub struct UnwindState {
     /// Registers of the frame to unwind next.
     pub registers: Registers,
     /// Tail calls used so far by this sample.
-    pub tail_calls: u32,
+    pub tail_calls: u16,
+    /// Frames stepped with an unwind table so far (counted once, at emit).
+    pub dwarf_frames: u16,
+    /// Frames stepped with frame pointers so far (counted once, at emit).
+    pub frame_pointer_frames: u16,
     /// Padding, kept zero.
-    pub reserved: u32,
+    pub reserved: u16,
 }
 
 /// The per-CPU scratch space of one sample's tail-call chain. Larger than the
@@ -87,10 +91,14 @@ pub struct UnwindScratch {
     pub record: SampleRecord,
     /// Unwinder cursor.
     pub state: UnwindState,
+    /// The part of the user stack read so far.
+    pub stack: StackWindow,
 }
 
 const _: () = assert!(core::mem::size_of::<SampleHeader>() == 48);
 const _: () = assert!(core::mem::size_of::<SampleRecord>() == 48 + MAX_FRAMES * 8);
 const _: () = assert!(core::mem::size_of::<UnwindState>() == 32);
-const _: () =
-    assert!(core::mem::size_of::<UnwindScratch>() == core::mem::size_of::<SampleRecord>() + 32);
+const _: () = assert!(
+    core::mem::size_of::<UnwindScratch>()
+        == core::mem::size_of::<SampleRecord>() + 32 + core::mem::size_of::<StackWindow>()
+);

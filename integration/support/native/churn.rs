@@ -21,8 +21,8 @@ pub struct Churn {
     pub peak_pids: usize,
     pub peak_tables: usize,
     /// Pids seen in PROCESS_MAPPINGS that were not there at the baseline, with
-    /// the file ids their mapping tables named.
-    pub new_pids: BTreeMap<u32, BTreeSet<u64>>,
+    /// the table slots their mapping tables named.
+    pub new_pids: BTreeMap<u32, BTreeSet<u32>>,
     pub polls: u64,
 }
 
@@ -32,7 +32,7 @@ fn poll_maps(icecore_pid: u32, baseline: BTreeSet<u32>, stop: Arc<AtomicBool>) -
     let mut churn = Churn::default();
     while !stop.load(Ordering::Relaxed) {
         let pids = maps.pids();
-        let tables = maps.file_ids().len();
+        let tables = maps.table_slots().len();
         churn.peak_pids = churn.peak_pids.max(pids.len());
         churn.peak_tables = churn.peak_tables.max(tables);
         for pid in pids.difference(&baseline) {
@@ -42,7 +42,7 @@ fn poll_maps(icecore_pid: u32, baseline: BTreeSet<u32>, stop: Arc<AtomicBool>) -
                     entries
                         .iter()
                         .filter(|e| e.table_rows > 0)
-                        .map(|e| e.file_id),
+                        .map(|e| e.table_slot),
                 );
             }
         }
@@ -94,13 +94,13 @@ pub fn liveness(fin: &Snapshot, base_pids: &BTreeSet<u32>) -> (Vec<u32>, usize) 
 /// most 15 s). Returns when the wait started and since when they were unchanged.
 pub fn wait_steady(maps: &UnwinderMaps) -> (Instant, Instant) {
     let steady_since = Instant::now();
-    let mut last = (maps.pids().len(), maps.file_ids().len());
+    let mut last = (maps.pids().len(), maps.table_slots().len());
     let mut unchanged_since = Instant::now();
     while unchanged_since.elapsed() < Duration::from_secs(2)
         && steady_since.elapsed() < Duration::from_secs(15)
     {
         std::thread::sleep(Duration::from_millis(100));
-        let now = (maps.pids().len(), maps.file_ids().len());
+        let now = (maps.pids().len(), maps.table_slots().len());
         if now != last {
             last = now;
             unchanged_since = Instant::now();
@@ -119,7 +119,7 @@ pub fn steady_baseline(label: &str, maps: &UnwinderMaps) -> Snapshot {
          (steady for {:.1} s)",
         steady_since.elapsed().as_secs_f64(),
         base.processes.len(),
-        base.file_ids.len(),
+        base.tables.len(),
         unchanged_since.elapsed().as_secs_f64()
     );
     base
@@ -144,16 +144,16 @@ pub fn run_short_lived(exe: &Path, processes: usize) -> BTreeSet<u32> {
 
 /// The final maps compared with the baseline and the churn.
 pub struct Outcome {
-    /// Short-lived processes seen in PROCESS_MAPPINGS, with their tables' file ids.
-    pub described_churn: BTreeMap<u32, BTreeSet<u64>>,
-    /// The file ids those tables named.
-    pub churn_files: BTreeSet<u64>,
+    /// Short-lived processes seen in PROCESS_MAPPINGS, with their tables' slots.
+    pub described_churn: BTreeMap<u32, BTreeSet<u32>>,
+    /// The table slots those tables named.
+    pub churn_files: BTreeSet<u32>,
     /// Short-lived processes still in PROCESS_MAPPINGS at the end.
     pub leaked_churn: Vec<u32>,
     /// File ids named by the final mapping tables.
-    pub referenced: BTreeSet<u64>,
+    pub referenced: BTreeSet<u32>,
     /// Installed tables no final mapping table names.
-    pub orphans: Vec<u64>,
+    pub orphans: Vec<u32>,
     /// Processes in the final maps that are neither at the baseline nor short-lived.
     pub new_unrelated: Vec<u32>,
     /// Baseline processes no longer in the final maps.
@@ -182,16 +182,16 @@ impl Outcome {
         fin: &Snapshot,
     ) -> Outcome {
         let fin_pids = fin.pids();
-        let described_churn: BTreeMap<u32, BTreeSet<u64>> = churn
+        let described_churn: BTreeMap<u32, BTreeSet<u32>> = churn
             .new_pids
             .iter()
             .filter(|(pid, _)| churn_pids.contains(pid))
             .map(|(pid, files)| (*pid, files.clone()))
             .collect();
-        let churn_files: BTreeSet<u64> = described_churn.values().flatten().copied().collect();
+        let churn_files: BTreeSet<u32> = described_churn.values().flatten().copied().collect();
         let leaked_churn: Vec<u32> = fin_pids.intersection(churn_pids).copied().collect();
-        let referenced = fin.referenced_file_ids();
-        let orphans: Vec<u64> = fin.file_ids.difference(&referenced).copied().collect();
+        let referenced = fin.referenced_tables();
+        let orphans: Vec<u32> = fin.tables.difference(&referenced).copied().collect();
         let new_unrelated: Vec<u32> = fin_pids
             .difference(base_pids)
             .copied()
@@ -232,17 +232,17 @@ impl Outcome {
             base.processes.len(),
             churn.peak_pids,
             fin.processes.len(),
-            base.file_ids.len(),
+            base.tables.len(),
             churn.peak_tables,
-            fin.file_ids.len()
+            fin.tables.len()
         );
         println!(
             "{label}: {} of the {processes} short-lived processes were seen described in BPF (their \
-             tables named {} file ids, {} of them not installed at the baseline); other processes \
+             tables used {} slots, {} of them empty at the baseline); other processes \
              since the baseline: {} new {new_unrelated:?}, {} gone {gone:?}",
             described_churn.len(),
             churn_files.len(),
-            churn_files.difference(&base.file_ids).count(),
+            churn_files.difference(&base.tables).count(),
             new_unrelated.len(),
             gone.len()
         );

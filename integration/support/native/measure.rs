@@ -115,8 +115,8 @@ pub fn print_bpf_view(label: &str, icecore_pid: u32, pid: u32, exe: &Path) {
         })
         .map(|e| {
             format!(
-                "{:#x}-{:#x} bias {:#x} file {:#x} rows {}",
-                e.start, e.end, e.bias, e.file_id, e.table_rows
+                "{:#x}-{:#x} bias {:#x} file {:#x} rows {} slot {}",
+                e.start, e.end, e.bias, e.file_id, e.table_rows, e.table_slot
             )
         })
         .collect();

@@ -1,5 +1,6 @@
 //! The DWARF CFI step: unwind tables built from `.eh_frame`/`.debug_frame`
-//! in user space, compacted to 8-byte [`UnwindRow`]s that BPF searches.
+//! in user space, compacted to 8-byte [`UnwindRow`]s that BPF searches (in
+//! the chunked layout of [`super::chunks`]).
 //!
 //! A row says how to find the caller for every PC from its `pc` up to the next
 //! row's: the canonical frame address (CFA) from rsp or rbp plus an offset,
@@ -88,46 +89,16 @@ impl UnwindRow {
     }
 }
 
-/// Binary-search steps that cover any table (2^24 rows, larger than any
-/// executable's). A constant bound keeps the BPF verifier's work bounded.
-pub const MAX_SEARCH_STEPS: usize = 24;
-
-/// Rows per table at most (see [`MAX_SEARCH_STEPS`]).
-pub const MAX_TABLE_ROWS: u32 = 1 << MAX_SEARCH_STEPS;
-
-/// Index of the last row whose `pc` is at most `pc`, in a table of `len`
-/// rows read through `row_pc` (which returns `None` when a read fails).
-///
-/// The loop runs at most [`MAX_SEARCH_STEPS`] times whatever `len` is.
-#[inline(always)]
-pub fn search_rows(len: u32, pc: u32, mut row_pc: impl FnMut(u32) -> Option<u32>) -> Option<u32> {
-    if len == 0 || len > MAX_TABLE_ROWS {
-        return None;
-    }
-    // Invariant: rows[lo].pc <= pc (checked first), rows[hi].pc > pc or hi == len.
-    if row_pc(0)? > pc {
-        return None;
-    }
-    let (mut lo, mut hi) = (0u32, len);
-    for _ in 0..MAX_SEARCH_STEPS {
-        if hi - lo <= 1 {
-            break;
-        }
-        let mid = lo + (hi - lo) / 2;
-        if row_pc(mid)? <= pc {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Some(lo)
-}
+/// Rows per table at most: 2^24, larger than any executable's.
+pub const MAX_TABLE_ROWS: u32 = 1 << 24;
 
 /// Unwinds one frame with `row`, the table row covering `regs.ip` (or, for a
-/// caller frame, `regs.ip - 1`: the call, not the instruction after it).
+/// caller frame, `regs.ip - 1`: the call, not the instruction after it). On
+/// [`StepOutcome::Caller`] `regs` holds the caller's registers; otherwise it
+/// is unchanged.
 #[inline(always)]
 pub fn dwarf_step<M: MemoryReader>(
-    regs: &Registers,
+    regs: &mut Registers,
     row: UnwindRow,
     memory: &mut M,
 ) -> StepOutcome {
@@ -166,11 +137,10 @@ pub fn dwarf_step<M: MemoryReader>(
             bp
         }
     };
-    StepOutcome::Caller(Registers {
-        ip: return_address,
-        sp: cfa,
-        bp,
-    })
+    regs.ip = return_address;
+    regs.sp = cfa;
+    regs.bp = bp;
+    StepOutcome::Caller
 }
 
 #[cfg(test)]
@@ -189,6 +159,12 @@ mod tests {
         }
     }
 
+    /// The step's outcome and the registers it left.
+    fn step(regs: Registers, row: UnwindRow, mem: &mut Words) -> (StepOutcome, Registers) {
+        let mut regs = regs;
+        (dwarf_step(&mut regs, row, mem), regs)
+    }
+
     #[test]
     fn row_packs_its_rules() {
         let row = UnwindRow::new(0x1234, CfaRule::Rbp, 16, RbpRule::CfaOffset, -2);
@@ -198,37 +174,6 @@ mod tests {
             UnwindRow { rules: 0x0f, ..row }.cfa_rule(),
             CfaRule::Unsupported
         );
-    }
-
-    #[test]
-    fn searches_like_a_partition_point() {
-        let pcs = [10u32, 20, 20, 35, 90];
-        let find = |pc| search_rows(pcs.len() as u32, pc, |i| pcs.get(i as usize).copied());
-        assert_eq!(find(9), None);
-        assert_eq!(find(10), Some(0));
-        assert_eq!(find(19), Some(0));
-        assert_eq!(find(20), Some(2));
-        assert_eq!(find(89), Some(3));
-        assert_eq!(find(u32::MAX), Some(4));
-        assert_eq!(search_rows(0, 5, |_| Some(0)), None);
-        assert_eq!(
-            search_rows(4, 50, |i| (i < 2).then_some(1)),
-            None,
-            "failed read"
-        );
-        // Exhaustive against the standard library on a larger table.
-        let big: [u32; 300] = core::array::from_fn(|i| (i as u32) * 3);
-        for pc in 0..1000 {
-            let expected = big
-                .partition_point(|&p| p <= pc)
-                .checked_sub(1)
-                .map(|i| i as u32);
-            assert_eq!(
-                search_rows(300, pc, |i| big.get(i as usize).copied()),
-                expected,
-                "pc {pc}"
-            );
-        }
     }
 
     #[test]
@@ -246,12 +191,15 @@ mod tests {
             bp: 1,
         };
         assert_eq!(
-            dwarf_step(&regs, row, &mut mem),
-            StepOutcome::Caller(Registers {
-                ip: 0x40_1234,
-                sp: base + 24,
-                bp: 0x7777
-            })
+            step(regs, row, &mut mem),
+            (
+                StepOutcome::Caller,
+                Registers {
+                    ip: 0x40_1234,
+                    sp: base + 24,
+                    bp: 0x7777
+                }
+            )
         );
     }
 
@@ -269,12 +217,15 @@ mod tests {
             bp: 5,
         };
         assert_eq!(
-            dwarf_step(&early, plt, &mut mem),
-            StepOutcome::Caller(Registers {
-                ip: 0x40_1000,
-                sp: base + 8,
-                bp: 5
-            })
+            step(early, plt, &mut mem),
+            (
+                StepOutcome::Caller,
+                Registers {
+                    ip: 0x40_1000,
+                    sp: base + 8,
+                    bp: 5
+                }
+            )
         );
         let late = Registers {
             ip: 0x100b,
@@ -282,15 +233,18 @@ mod tests {
             bp: 5,
         };
         assert_eq!(
-            dwarf_step(&late, plt, &mut mem),
-            StepOutcome::Caller(Registers {
-                ip: 0x40_2000,
-                sp: base + 16,
-                bp: 5
-            })
+            step(late, plt, &mut mem),
+            (
+                StepOutcome::Caller,
+                Registers {
+                    ip: 0x40_2000,
+                    sp: base + 16,
+                    bp: 5
+                }
+            )
         );
         let end = UnwindRow::new(0, CfaRule::EndOfStack, 0, RbpRule::Unchanged, 0);
-        assert_eq!(dwarf_step(&early, end, &mut mem), StepOutcome::EndOfStack);
+        assert_eq!(step(early, end, &mut mem), (StepOutcome::EndOfStack, early));
         let corrupt = UnwindRow::new(0, CfaRule::Rbp, 16, RbpRule::Unchanged, 0);
         let below = Registers {
             ip: 1,
@@ -298,8 +252,8 @@ mod tests {
             bp: base,
         };
         assert_eq!(
-            dwarf_step(&below, corrupt, &mut mem),
-            StepOutcome::InvalidFrame
+            step(below, corrupt, &mut mem),
+            (StepOutcome::InvalidFrame, below)
         );
     }
 }

@@ -7,9 +7,11 @@ use crate::MemoryReader;
 /// Unwinds one frame through the frame-pointer chain.
 ///
 /// The chain must move strictly towards the stack's base (higher addresses),
-/// which also guarantees the walk terminates on corrupted stacks.
+/// which also guarantees the walk terminates on corrupted stacks. On
+/// [`StepOutcome::Caller`] `regs` holds the caller's registers; otherwise it
+/// is unchanged.
 #[inline(always)]
-pub fn frame_pointer_step<M: MemoryReader>(regs: &Registers, memory: &mut M) -> StepOutcome {
+pub fn frame_pointer_step<M: MemoryReader>(regs: &mut Registers, memory: &mut M) -> StepOutcome {
     if regs.bp == 0 {
         return StepOutcome::EndOfStack;
     }
@@ -28,11 +30,10 @@ pub fn frame_pointer_step<M: MemoryReader>(regs: &Registers, memory: &mut M) -> 
     if caller_bp != 0 && caller_bp <= regs.bp {
         return StepOutcome::InvalidFrame;
     }
-    StepOutcome::Caller(Registers {
-        ip: return_address,
-        sp: regs.bp + 16,
-        bp: caller_bp,
-    })
+    regs.ip = return_address;
+    regs.sp = regs.bp + 16;
+    regs.bp = caller_bp;
+    StepOutcome::Caller
 }
 
 #[cfg(test)]
@@ -58,8 +59,8 @@ mod tests {
         loop {
             ips[n] = regs.ip;
             n += 1;
-            match frame_pointer_step(&regs, stack) {
-                StepOutcome::Caller(next) => regs = next,
+            match frame_pointer_step(&mut regs, stack) {
+                StepOutcome::Caller => {}
                 end => return (ips, n, end),
             }
         }
@@ -112,13 +113,13 @@ mod tests {
             base: 0x1000,
             words: [0; 16],
         };
-        let regs = Registers {
+        let mut regs = Registers {
             ip: 1,
             sp: 0x9000_0000,
             bp: 0x9000_0000,
         };
         assert_eq!(
-            frame_pointer_step(&regs, &mut stack),
+            frame_pointer_step(&mut regs, &mut stack),
             StepOutcome::ReadFailed
         );
     }
@@ -129,22 +130,22 @@ mod tests {
             base: 0x1000,
             words: [0; 16],
         };
-        let misaligned = Registers {
+        let mut misaligned = Registers {
             ip: 1,
             sp: 0x1000,
             bp: 0x1003,
         };
         assert_eq!(
-            frame_pointer_step(&misaligned, &mut stack),
+            frame_pointer_step(&mut misaligned, &mut stack),
             StepOutcome::InvalidFrame
         );
-        let below = Registers {
+        let mut below = Registers {
             ip: 1,
             sp: 0x1010,
             bp: 0x1008,
         };
         assert_eq!(
-            frame_pointer_step(&below, &mut stack),
+            frame_pointer_step(&mut below, &mut stack),
             StepOutcome::InvalidFrame
         );
     }

@@ -23,12 +23,12 @@ pub struct MappingEntry {
     pub end: u64,
     /// Process address minus ELF virtual address (the load bias).
     pub bias: u64,
-    /// Key of the file's table in `UNWIND_TABLES`.
+    /// The mapped file's content ID (for diagnostics; BPF uses `table_slot`).
     pub file_id: u64,
-    /// Rows in that table; 0 when the file has none (yet): use frame pointers.
+    /// Rows in the file's table; 0 when it has none (yet): use frame pointers.
     pub table_rows: u32,
-    /// Reserved, zero.
-    pub flags: u32,
+    /// Index of the file's table in `UNWIND_TABLES`.
+    pub table_slot: u32,
 }
 
 /// The executable mappings of one process, sorted by `start`, non-overlapping.
@@ -37,7 +37,7 @@ pub struct MappingEntry {
 pub struct ProcessMappingTable {
     /// Entries in use.
     pub count: u32,
-    /// Reserved, zero.
+    /// Zero. BPF starts its table searches from it (see `find_row`).
     pub reserved: u32,
     /// The mappings; only the first `count` are meaningful.
     pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],

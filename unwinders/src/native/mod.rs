@@ -1,10 +1,12 @@
 //! Native (machine-code) unwinding steps.
 
+pub mod chunks;
 pub mod dwarf;
 pub mod frame_pointer;
 pub mod mappings;
 
-pub use dwarf::{CfaRule, RbpRule, UnwindRow, dwarf_step, search_rows};
+pub use chunks::{ChunkLayout, UnwindChunk, find_row};
+pub use dwarf::{CfaRule, RbpRule, UnwindRow, dwarf_step};
 pub use frame_pointer::frame_pointer_step;
 pub use mappings::{MappingEntry, ProcessMappingTable};
 
@@ -20,11 +22,14 @@ pub struct Registers {
     pub bp: u64,
 }
 
-/// The result of unwinding one frame.
+/// The result of unwinding one frame. The step updates the registers in
+/// place, and only on [`StepOutcome::Caller`]: a payload-free result keeps
+/// the BPF code free of values left undefined on some paths, which older
+/// verifiers (5.10) reject when they are spilled and reloaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepOutcome {
-    /// The caller's registers; its `ip` is a return address.
-    Caller(Registers),
+    /// The registers now hold the caller's; its `ip` is a return address.
+    Caller,
     /// The outermost frame was reached.
     EndOfStack,
     /// Memory the step needed could not be read.

@@ -206,7 +206,7 @@ pub(super) fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
 
     let rows = collector.assemble(&mut stats)?;
     stats.unsupported_rows = count_unsupported(&rows);
-    Ok(UnwindTable { rows, stats })
+    Ok(UnwindTable::new(rows, stats))
 }
 
 /// Adds a segment per FDE of `section`; returns the number of FDEs.

@@ -1,5 +1,5 @@
 //! A host unwinder over [`UnwindTable`]s: the loop the BPF program runs,
-//! with the same [`search_rows`](crate::native::search_rows) (through
+//! with the same [`find_row`](crate::native::find_row) (through
 //! [`UnwindTable::lookup`]) and [`dwarf_step`] per frame.
 
 use std::sync::Arc;
@@ -177,8 +177,8 @@ pub fn unwind_detailed<M: MemoryReader>(
             ip: regs.ip,
             rule: row.cfa_rule(),
         });
-        match dwarf_step(&regs, row, memory) {
-            StepOutcome::Caller(caller) => regs = caller,
+        match dwarf_step(&mut regs, row, memory) {
+            StepOutcome::Caller => {}
             StepOutcome::EndOfStack => break StopReason::EndOfStack,
             StepOutcome::ReadFailed => break StopReason::ReadFailed,
             StepOutcome::InvalidFrame => break StopReason::InvalidFrame,

@@ -2,7 +2,7 @@
 //!
 //! [`UnwindTable::from_elf`] turns an ELF file's call frame information
 //! (`.eh_frame` and `.debug_frame`) into sorted 8-byte [`UnwindRow`]s, the
-//! format [`search_rows`] and [`dwarf_step`](crate::native::dwarf_step) read
+//! format [`find_row`] and [`dwarf_step`](crate::native::dwarf_step) read
 //! in BPF. [`FileId`] names a file by its content so every process mapping
 //! it shares one table, and [`unwind`] is a host unwinder running the same
 //! steps the BPF program runs, for tests and for replaying captured stacks.
@@ -45,7 +45,8 @@ pub use host::{
     AddressSpace, Frame, Mapping, StopReason, Unwound, elf_load_bias, unwind, unwind_detailed,
 };
 
-use crate::native::dwarf::{CfaRule, MAX_TABLE_ROWS, UnwindRow, search_rows};
+use crate::native::chunks::{UnwindChunk, find_row, to_chunks};
+use crate::native::dwarf::{CfaRule, MAX_TABLE_ROWS, UnwindRow};
 
 /// Why a table could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -100,11 +101,21 @@ pub struct TableStats {
 }
 
 /// A file's unwind table: rows sorted by `pc`, consecutive rules distinct.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct UnwindTable {
     rows: Vec<UnwindRow>,
     stats: TableStats,
+    /// The rows as BPF stores them, made on the first [`UnwindTable::lookup`].
+    chunks: std::sync::OnceLock<Vec<UnwindChunk>>,
 }
+
+impl PartialEq for UnwindTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.rows == other.rows && self.stats == other.stats
+    }
+}
+
+impl Eq for UnwindTable {}
 
 impl UnwindTable {
     /// Builds the table of an ELF file from its bytes.
@@ -125,7 +136,7 @@ impl UnwindTable {
             unsupported_rows: count_unsupported(&rows),
             ..TableStats::default()
         };
-        Ok(UnwindTable { rows, stats })
+        Ok(UnwindTable::new(rows, stats))
     }
 
     /// The rows, sorted by `pc`.
@@ -154,13 +165,23 @@ impl UnwindTable {
     }
 
     /// The row covering ELF virtual address `pc`, found with the same
-    /// [`search_rows`] BPF runs. `None` below the first row and for
-    /// addresses above 32 bits (no row covers them).
+    /// [`find_row`] BPF runs, over the same chunks. `None` below the first row
+    /// and for addresses above 32 bits (no row covers them).
     pub fn lookup(&self, pc: u64) -> Option<UnwindRow> {
         let pc = u32::try_from(pc).ok()?;
-        let len = u32::try_from(self.rows.len()).ok()?;
-        let index = search_rows(len, pc, |i| self.rows.get(i as usize).map(|r| r.pc))?;
-        self.rows.get(index as usize).copied()
+        let rows = u32::try_from(self.rows.len()).ok()?;
+        let chunks = self
+            .chunks
+            .get_or_init(|| to_chunks(&self.rows).unwrap_or_default());
+        find_row(rows, pc, 0, |i| chunks.get(i as usize))
+    }
+
+    fn new(rows: Vec<UnwindRow>, stats: TableStats) -> Self {
+        UnwindTable {
+            rows,
+            stats,
+            chunks: std::sync::OnceLock::new(),
+        }
     }
 }
 
