@@ -24,6 +24,9 @@ use icecore_receiver::{Counter, CpuProfiler, ProfilerOptions, SamplerOptions};
 const FREQUENCY_HZ: u32 = 997;
 const SECONDS: u64 = 4;
 const DEPTHS: [u32; 4] = [5, 60, 150, 280];
+/// Rounds over all depths, interleaved so that a noisy period of the
+/// machine spreads over every depth instead of skewing one.
+const ROUNDS: usize = 3;
 
 struct Run {
     depth: u32,
@@ -125,9 +128,27 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = build_fixture(dir.path());
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let runs: Vec<Run> = DEPTHS.iter().map(|&d| measure(&exe, d, cpus)).collect();
+    // BPF_COST_DEPTHS=5,280 and BPF_COST_ROUNDS=1 make quicker comparisons.
+    let depths: Vec<u32> = std::env::var("BPF_COST_DEPTHS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|d| d.trim().parse().ok()).collect())
+        .filter(|d: &Vec<u32>| !d.is_empty())
+        .unwrap_or_else(|| DEPTHS.to_vec());
+    let rounds = std::env::var("BPF_COST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS);
+    let runs: Vec<Run> = (0..rounds)
+        .flat_map(|_| {
+            depths
+                .iter()
+                .map(|&d| measure(&exe, d, cpus))
+                .collect::<Vec<_>>()
+        })
+        .collect();
     println!(
-        "BPF cost per sample (cpu-clock {FREQUENCY_HZ} Hz, {cpus} fixture instances, {SECONDS} s each)"
+        "BPF cost per sample (cpu-clock {FREQUENCY_HZ} Hz, {cpus} fixture instances, {SECONDS} s \
+         each, {rounds} rounds)"
     );
     println!(
         "{:>6} {:>10} {:>14} {:>14}",
