@@ -5,7 +5,8 @@
 //! user stacks in BPF from the `.eh_frame` tables it builds per executable file.
 //! C, C++ and Rust fixtures built at -O2 without frame pointers must unwind to
 //! `main` with the split built into them, C++ and Rust names must be demangled,
-//! a 300-deep recursion must be unwound whole, a binary without debug info
+//! a 300-deep recursion must be unwound whole, frames in the vDSO must be
+//! unwound through it, a binary without debug info
 //! (`.symtab` kept) must still unwind and be named, a library loaded with
 //! dlopen after start and a process started after the agent must be unwound,
 //! and every BPF map must return to its baseline once 200 short-lived
@@ -38,9 +39,9 @@ use support::bpf_maps::UnwinderMaps;
 use support::build;
 use support::fixture::MAX_LIFETIME_SECS;
 use support::native::analysis::{
-    assert_enough, assert_reach_c_main, assert_reach_main, assert_split, depth_histograms,
-    evaluated, failing_stacks, has_rust_hash, is_mangled_rust, leaf_breakdown, user_function_names,
-    with_leaf_in, with_user_leaf_named,
+    LeafIn, assert_enough, assert_reach_c_main, assert_reach_main, assert_split, depth_histograms,
+    evaluated, failing_stacks, has_rust_hash, is_mangled_rust, leaf_breakdown, leaf_in,
+    user_function_names, with_leaf_in, with_user_leaf_named,
 };
 use support::native::churn::{MapPoller, Outcome, liveness, run_short_lived, steady_baseline};
 use support::native::measure::{
@@ -221,6 +222,71 @@ fn deep_recursion_is_fully_unwound() {
         truncated, 0,
         "{TEST}: the BPF unwinder truncated {truncated} user stacks of the recursion"
     );
+    m.assert_dwarf_used(TEST);
+}
+
+/// Samples taken inside the vDSO (clock_gettime without a system call) are
+/// unwound through its `.eh_frame`, read from icecore's own copy of the image.
+#[test]
+fn vdso_frames_are_unwound() {
+    // Every vDSO sample, exactly: frame pointers alone get about 98.5% here.
+    const VDSO_EXACT_PCT: f64 = 99.5;
+    const TEST: &str = "vdso_frames_are_unwound";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let tmp = temp_dir();
+    let exe = compile_native_c(C_FLAGS, tmp.path(), "native");
+    let (m, samples) = measure_fixture(TEST, tmp, &exe, &["vdso", MAX_LIFETIME_SECS]);
+    assert_enough(TEST, &samples, min_samples());
+    let in_vdso: Vec<DecodedSample> = samples
+        .iter()
+        .filter(|s| leaf_in(s, &[&exe]) == LeafIn::Vdso)
+        .cloned()
+        .collect();
+    let n = total(&in_vdso);
+    println!(
+        "{TEST}: {n} of {} evaluated samples ({:.1}%) have their user leaf in the vDSO",
+        total(&samples),
+        pct(n, total(&samples))
+    );
+    // clock_gettime is most of the loop: at least a fifth of the samples.
+    assert!(
+        n as f64 >= 0.2 * total(&samples) as f64,
+        "{TEST}: only {n} of {} samples have their leaf in the vDSO",
+        total(&samples)
+    );
+    // Exact: below the vDSO (and libc's clock_gettime) the next frame is
+    // read_clocks (or wall_ns, which it calls). The vDSO keeps frame pointers in most places, so a walk
+    // falling back to them usually reaches main too, but skips read_clocks
+    // when the sample is in a vDSO prologue or epilogue.
+    let full = |s: &DecodedSample| {
+        let caller = s.stack.iter().filter(|f| !f.is_kernel()).find(|f| {
+            let file = f.mapping.as_deref().unwrap_or("");
+            file != "[vdso]" && !file.contains("/libc.so")
+        });
+        caller.is_some_and(|f| f.function == "read_clocks" || f.function == "wall_ns")
+            && s.contains("read_clocks")
+            && s.contains("main")
+    };
+    let ok = count_where(&in_vdso, full);
+    println!(
+        "{TEST}: {ok} of {n} vDSO samples ({:.2}%) have read_clocks (or wall_ns) as their \
+         first frame outside the vDSO and libc, and reach main",
+        pct(ok, n)
+    );
+    println!(
+        "{TEST}: top vDSO stacks:\n{}",
+        summary::top_stacks(&in_vdso, 4)
+    );
+    assert!(
+        pct(ok, n) >= VDSO_EXACT_PCT,
+        "{TEST}: only {ok} of {n} samples in the vDSO reach read_clocks directly and main \
+         (expected >= {VDSO_EXACT_PCT}%)\n{}",
+        failing_stacks(&in_vdso, full, 6)
+    );
+    assert_reach_c_main(TEST, &samples, &exe);
     m.assert_dwarf_used(TEST);
 }
 

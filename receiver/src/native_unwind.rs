@@ -25,7 +25,7 @@ use tracing::{debug, warn};
 use crate::{
     process_maps::{MappedFile, ProcessMappings},
     unwind_maps::UnwindMaps,
-    unwind_table::{BuiltTable, build_table},
+    unwind_table::{BuiltTable, build_table, vdso_table},
 };
 
 /// A mapped file, by identity on disk.
@@ -38,6 +38,12 @@ pub struct FileKey {
 }
 
 impl FileKey {
+    /// The `[vdso]`, which has no file (its device and inode read as 0).
+    const VDSO: FileKey = FileKey {
+        dev: (0, 0),
+        inode: 0,
+    };
+
     fn of(mapping: &MappedFile) -> Self {
         FileKey {
             dev: mapping.dev,
@@ -92,6 +98,9 @@ pub struct NativeUnwindInfo {
     results: mpsc::Receiver<(FileKey, Option<BuiltTable>)>,
     stats: NativeUnwindStats,
     max_table_bytes: usize,
+    /// The vDSO's table, with the vDSO's size: a `[vdso]` mapping of another
+    /// size (a 32-bit process's) is a different image.
+    vdso: Option<Arc<BuiltTable>>,
 }
 
 /// Bytes of unwind-table rows kept in BPF maps at most, by default: a busy
@@ -136,6 +145,7 @@ impl NativeUnwindInfo {
             results,
             stats: NativeUnwindStats::default(),
             max_table_bytes,
+            vdso: vdso_table().map(Arc::new),
         })
     }
 
@@ -145,19 +155,23 @@ impl NativeUnwindInfo {
         let mut table = ProcessMappingTable::default();
         let mut count = 0usize;
         let mut referenced = Vec::new();
-        for mapping in mappings
-            .mappings()
-            .iter()
-            .filter(|m| m.executable && !m.is_vdso())
-        {
-            let key = FileKey::of(mapping);
-            referenced.push(key);
-            let built = match self.files.get(&key) {
-                Some(FileState::Ready(built)) => built.clone(),
-                Some(FileState::Building | FileState::Unusable) => continue,
-                None => {
-                    self.queue_build(pid, key, mapping);
+        for mapping in mappings.mappings().iter().filter(|m| m.executable) {
+            let (key, built) = if mapping.is_vdso() {
+                let Some(vdso) = self.vdso_for(mapping) else {
                     continue;
+                };
+                (FileKey::VDSO, vdso)
+            } else {
+                let key = FileKey::of(mapping);
+                // Referenced even while building: the build's end re-describes.
+                referenced.push(key);
+                match self.files.get(&key) {
+                    Some(FileState::Ready(built)) => (key, built.clone()),
+                    Some(FileState::Building | FileState::Unusable) => continue,
+                    None => {
+                        self.queue_build(pid, key, mapping);
+                        continue;
+                    }
                 }
             };
             let Some(bias) = built.load_bias(mapping) else {
@@ -166,6 +180,9 @@ impl NativeUnwindInfo {
             if count == MAX_PROCESS_MAPPINGS {
                 self.stats.mappings_left_out += 1;
                 continue;
+            }
+            if key == FileKey::VDSO {
+                referenced.push(key);
             }
             let Some(slot) = self.use_table(pid, key, &built) else {
                 continue;
@@ -245,10 +262,25 @@ impl NativeUnwindInfo {
         users.remove(&pid);
         if users.is_empty() {
             self.users.remove(&key);
-            if let Some(FileState::Ready(built)) = self.files.peek(&key) {
-                self.maps.remove_table(built.file_id);
+            let file_id = if key == FileKey::VDSO {
+                self.vdso.as_ref().map(|v| v.file_id)
+            } else if let Some(FileState::Ready(built)) = self.files.peek(&key) {
+                Some(built.file_id)
+            } else {
+                None
+            };
+            if let Some(file_id) = file_id {
+                self.maps.remove_table(file_id);
             }
         }
+    }
+
+    /// The vDSO's table if `mapping` holds the same image as icecore's own.
+    fn vdso_for(&self, mapping: &MappedFile) -> Option<Arc<BuiltTable>> {
+        let own = crate::symbolize::vdso::own()?;
+        own.fits(mapping.end - mapping.start)
+            .then(|| self.vdso.clone())
+            .flatten()
     }
 
     /// Installs finished tables and re-describes the processes waiting for

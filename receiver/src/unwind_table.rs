@@ -120,7 +120,24 @@ pub fn build_table(path: &Path) -> Result<BuiltTable, TableBuildError> {
         path: name(),
         source,
     })?;
-    let file = object::File::parse(&*data).map_err(|e| TableBuildError::NotElf {
+    table_of_elf(&data, name)
+}
+
+/// The table of this kernel's vDSO, which every 64-bit process maps: built
+/// once from icecore's own copy. `None` without a readable vDSO.
+pub fn vdso_table() -> Option<BuiltTable> {
+    let vdso = crate::symbolize::vdso::own()?;
+    match table_of_elf(&vdso.image, || "[vdso]".to_string()) {
+        Ok(table) => Some(table),
+        Err(e) => {
+            tracing::warn!("vDSO frames will use frame pointers: {e}");
+            None
+        }
+    }
+}
+
+fn table_of_elf(data: &[u8], name: impl Fn() -> String) -> Result<BuiltTable, TableBuildError> {
+    let file = object::File::parse(data).map_err(|e| TableBuildError::NotElf {
         path: name(),
         message: e.to_string(),
     })?;
@@ -140,7 +157,7 @@ pub fn build_table(path: &Path) -> Result<BuiltTable, TableBuildError> {
             })
         })
         .collect();
-    let table = UnwindTable::from_elf(&data).map_err(|source| TableBuildError::Table {
+    let table = UnwindTable::from_elf(data).map_err(|source| TableBuildError::Table {
         path: name(),
         source,
     })?;
@@ -148,7 +165,7 @@ pub fn build_table(path: &Path) -> Result<BuiltTable, TableBuildError> {
         return Err(TableBuildError::Empty(name()));
     }
     Ok(BuiltTable {
-        file_id: FileId::from_bytes(&data).0,
+        file_id: FileId::from_bytes(data).0,
         rows: table.rows().to_vec(),
         segments,
     })
@@ -210,6 +227,16 @@ mod tests {
         };
         // vaddr of the mapping start: 0x16000 + (0x17de0 - 0x16de0) = 0x17000.
         assert_eq!(table.load_bias(&mapping), Some(0x5555_8026_c000 - 0x17000));
+    }
+
+    #[test]
+    fn builds_the_vdso_table_and_its_bias() {
+        let built = vdso_table().expect("this process has a vDSO with CFI");
+        assert!(built.rows.len() > 10, "{} rows", built.rows.len());
+        let maps = crate::process_maps::ProcessMappings::read(std::process::id()).unwrap();
+        let vdso = maps.mappings().iter().find(|m| m.is_vdso()).unwrap();
+        // The vDSO is linked at 0: its bias is where it is mapped.
+        assert_eq!(built.load_bias(vdso), Some(vdso.start));
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub struct Vdso {
     pub symbols: ElfSymbols,
     /// Its size in bytes (from its headers), before page rounding.
     pub size: u64,
+    /// The image itself (its `.eh_frame` makes the vDSO's unwind table).
+    pub image: Vec<u8>,
 }
 
 impl Vdso {
@@ -54,7 +56,11 @@ fn load() -> Option<Vdso> {
     // /proc/self/maps.
     let image = unsafe { std::slice::from_raw_parts(base as *const u8, size as usize) }.to_vec();
     let symbols = ElfSymbols::parse(&image).ok()?;
-    Some(Vdso { symbols, size })
+    Some(Vdso {
+        symbols,
+        size,
+        image,
+    })
 }
 
 /// The size of an ELF image from its 64-bit header: the end of the section
