@@ -5,8 +5,8 @@
 //! user stacks in BPF from the `.eh_frame` tables it builds per executable file.
 //! C, C++ and Rust fixtures built at -O2 without frame pointers must unwind to
 //! `main` with the split built into them, C++ and Rust names must be demangled,
-//! a 300-deep recursion must be unwound whole, frames in the vDSO must be
-//! unwound through it, a binary without debug info
+//! a 300-deep recursion must be unwound whole, frames in the vDSO and in
+//! signal handlers must be unwound through them, a binary without debug info
 //! (`.symtab` kept) must still unwind and be named, a library loaded with
 //! dlopen after start and a process started after the agent must be unwound,
 //! and every BPF map must return to its baseline once 200 short-lived
@@ -287,6 +287,57 @@ fn vdso_frames_are_unwound() {
         failing_stacks(&in_vdso, full, 6)
     );
     assert_reach_c_main(TEST, &samples, &exe);
+    m.assert_dwarf_used(TEST);
+}
+
+/// Samples in a signal handler are unwound through the kernel's signal frame
+/// (glibc's `__restore_rt`) into the code the signal interrupted.
+#[test]
+fn signal_handler_frames_reach_the_interrupted_code() {
+    const TEST: &str = "signal_handler_frames_reach_the_interrupted_code";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let tmp = temp_dir();
+    let exe = compile_native_c(C_FLAGS, tmp.path(), "native");
+    let (m, samples) = measure_fixture(TEST, tmp, &exe, &["signal", MAX_LIFETIME_SECS]);
+    assert_enough(TEST, &samples, min_samples());
+    let in_handler: Vec<DecodedSample> = samples
+        .iter()
+        .filter(|s| s.contains("in_handler"))
+        .cloned()
+        .collect();
+    let n = total(&in_handler);
+    println!(
+        "{TEST}: {n} of {} evaluated samples ({:.1}%) are in the signal handler",
+        total(&samples),
+        pct(n, total(&samples))
+    );
+    println!(
+        "{TEST}: top handler stacks:\n{}",
+        summary::top_stacks(&in_handler, 4)
+    );
+    // The handler burns 2 ms of every 6 ms of CPU.
+    assert!(
+        n as f64 >= 0.2 * total(&samples) as f64,
+        "{TEST}: only {n} of {} samples are in the handler",
+        total(&samples)
+    );
+    let full = |s: &DecodedSample| {
+        s.contains("on_sigprof") && s.contains("signal_target") && s.contains("main")
+    };
+    let ok = count_where(&in_handler, full);
+    println!(
+        "{TEST}: {ok} of {n} handler samples ({:.2}%) reach on_sigprof, the interrupted \
+         signal_target and main",
+        pct(ok, n)
+    );
+    assert!(
+        pct(ok, n) >= REACH_MAIN_PCT,
+        "{TEST}: only {ok} of {n} handler samples reach signal_target and main\n{}",
+        failing_stacks(&in_handler, full, 6)
+    );
     m.assert_dwarf_used(TEST);
 }
 

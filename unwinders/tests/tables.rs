@@ -308,6 +308,98 @@ fn check_plt(path: &Path) -> usize {
     checked
 }
 
+/// The CFA expressions beyond the PLT's: glibc's signal trampoline becomes a
+/// `SignalFrame` row, and OpenSSL's saved-rsp expressions `RspDeref` or
+/// `RbpDeref` rows whose (offset, addend) readelf also prints.
+#[test]
+fn expression_rules_of_system_libraries() {
+    let libc = Path::new(LIBC);
+    let table = build(libc);
+    let trampolines: Vec<_> = support::readelf_fdes(libc)
+        .into_iter()
+        .filter(|f| {
+            f.rows
+                .iter()
+                .any(|(_, e)| *e == support::Expected::Expression)
+        })
+        .filter_map(|f| {
+            let row = table.lookup(f.start)?;
+            (row.cfa_rule() == CfaRule::SignalFrame).then_some(f.start)
+        })
+        .collect();
+    println!("{LIBC}: signal-frame rows at {trampolines:#x?}");
+    assert_eq!(trampolines.len(), 1, "__restore_rt is one FDE");
+
+    let crypto = Path::new("/usr/lib/x86_64-linux-gnu/libcrypto.so.3");
+    if !crypto.exists() {
+        println!(
+            "{}: absent, OpenSSL's expressions not checked",
+            crypto.display()
+        );
+        return;
+    }
+    let table = build(crypto);
+    // Every (base, offset, addend) readelf prints for a dereferencing CFA.
+    let raw = std::process::Command::new("readelf")
+        .arg("--debug-dump=frames")
+        .arg(crypto)
+        .output()
+        .unwrap();
+    let raw = String::from_utf8_lossy(&raw.stdout);
+    let printed: std::collections::BTreeSet<(String, i64, u64)> = raw
+        .lines()
+        .filter_map(|l| {
+            let e = l
+                .trim()
+                .strip_prefix("DW_CFA_def_cfa_expression (DW_OP_breg")?;
+            let (base, rest) = e.split_once(")")?;
+            let base = base.split_once('(')?.1.to_string();
+            let rest = rest.strip_prefix(": ")?;
+            let (offset, rest) = rest.split_once("; DW_OP_deref")?;
+            let addend = match rest.trim_end_matches(')') {
+                "" => 0,
+                r => r.strip_prefix("; DW_OP_plus_uconst: ")?.parse().ok()?,
+            };
+            Some((base, offset.parse().ok()?, addend))
+        })
+        .collect();
+    let (mut deref, mut unsupported_expressions) = (0, 0);
+    for fde in support::readelf_fdes(crypto) {
+        for (address, e) in &fde.rows {
+            if *e != support::Expected::Expression {
+                continue;
+            }
+            let row = table.lookup(*address).unwrap();
+            let base = match row.cfa_rule() {
+                CfaRule::RspDeref => "rsp",
+                CfaRule::RbpDeref => "rbp",
+                CfaRule::Unsupported => {
+                    unsupported_expressions += 1;
+                    continue;
+                }
+                _ => continue,
+            };
+            let (offset, addend) = row.deref_parts();
+            assert!(
+                printed.contains(&(base.to_string(), offset, addend)),
+                "{address:#x}: {base} {offset} {addend} is not an expression readelf prints"
+            );
+            deref += 1;
+        }
+    }
+    println!(
+        "{}: {deref} dereferencing CFA rows match readelf; {unsupported_expressions} \
+         expression rows unsupported; {} distinct expressions printed",
+        crypto.display(),
+        printed.len()
+    );
+    assert!(deref >= 40, "only {deref} dereferencing rows");
+    assert!(
+        unsupported_expressions * 10 <= deref,
+        "{unsupported_expressions} expression rows unsupported against {deref} supported"
+    );
+}
+
 #[test]
 fn plt_rows_match_objdump() {
     let dir = tempfile::tempdir().unwrap();

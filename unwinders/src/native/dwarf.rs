@@ -29,6 +29,26 @@ pub enum CfaRule {
     EndOfStack = 4,
     /// A rule this table cannot express (a DWARF expression, a huge offset): fall back to frame pointers.
     Unsupported = 5,
+    /// CFA = *(rsp + offset) + addend (hand-written assembly such as
+    /// OpenSSL's, which saves the caller's rsp in its frame); see
+    /// [`UnwindRow::deref_parts`].
+    RspDeref = 6,
+    /// CFA = *(rbp + offset) + addend (GCC's stack realignment, OpenSSL).
+    RbpDeref = 7,
+    /// A signal frame (`__restore_rt`): the interrupted rip, rsp and rbp are
+    /// in the `ucontext` at rsp, at the offsets of [`signal_frame`].
+    SignalFrame = 8,
+}
+
+/// Where the kernel's x86-64 signal frame keeps the interrupted registers,
+/// from rsp in `__restore_rt` (the `ucontext`'s `mcontext` starts at 40).
+pub mod signal_frame {
+    /// Offset of the saved rbp.
+    pub const RBP: u64 = 120;
+    /// Offset of the saved rsp.
+    pub const RSP: u64 = 160;
+    /// Offset of the saved rip.
+    pub const RIP: u64 = 168;
 }
 
 /// How the caller's rbp is found.
@@ -76,8 +96,42 @@ impl UnwindRow {
             2 => CfaRule::Rbp,
             3 => CfaRule::Plt,
             4 => CfaRule::EndOfStack,
+            6 => CfaRule::RspDeref,
+            7 => CfaRule::RbpDeref,
+            8 => CfaRule::SignalFrame,
             _ => CfaRule::Unsupported,
         }
+    }
+
+    /// A `RspDeref`/`RbpDeref` row: CFA = *(base + offset) + addend, both
+    /// multiples of 8 (offset in -1024..1024, addend below 2048); `None`
+    /// when they do not fit.
+    pub fn deref(
+        pc: u32,
+        base: CfaRule,
+        offset: i64,
+        addend: u64,
+        rbp: RbpRule,
+        rbp_offset: i8,
+    ) -> Option<Self> {
+        if !matches!(base, CfaRule::RspDeref | CfaRule::RbpDeref)
+            || offset % 8 != 0
+            || !addend.is_multiple_of(8)
+        {
+            return None;
+        }
+        let words = i8::try_from(offset / 8).ok()?;
+        let addend_words = u8::try_from(addend / 8).ok()?;
+        let packed = u16::from(words as u8) | (u16::from(addend_words) << 8);
+        Some(UnwindRow::new(pc, base, packed, rbp, rbp_offset))
+    }
+
+    /// The (offset, addend) of a `RspDeref`/`RbpDeref` row, in bytes: the
+    /// low byte of `cfa_offset` is the offset in signed words, the high byte
+    /// the addend in words.
+    pub const fn deref_parts(self) -> (i64, u64) {
+        let words = (self.cfa_offset & 0xff) as u8 as i8;
+        ((words as i64) * 8, ((self.cfa_offset >> 8) as u64) * 8)
     }
 
     /// The rbp rule (unknown encodings read as unchanged).
@@ -104,6 +158,22 @@ pub fn dwarf_step<M: MemoryReader>(
 ) -> StepOutcome {
     let offset = u64::from(row.cfa_offset);
     let cfa = match row.cfa_rule() {
+        CfaRule::RspDeref | CfaRule::RbpDeref => {
+            let base = if row.cfa_rule() == CfaRule::RspDeref {
+                regs.sp
+            } else {
+                regs.bp
+            };
+            if base == 0 {
+                return StepOutcome::InvalidFrame;
+            }
+            let (at, addend) = row.deref_parts();
+            let Some(value) = memory.read_u64(base.wrapping_add_signed(at)) else {
+                return StepOutcome::ReadFailed;
+            };
+            value.wrapping_add(addend)
+        }
+        CfaRule::SignalFrame => return signal_frame_step(regs, memory),
         CfaRule::Rsp => regs.sp.wrapping_add(offset),
         CfaRule::Rbp => {
             if regs.bp == 0 {
@@ -139,6 +209,27 @@ pub fn dwarf_step<M: MemoryReader>(
     };
     regs.ip = return_address;
     regs.sp = cfa;
+    regs.bp = bp;
+    StepOutcome::Caller
+}
+
+/// Steps out of a signal frame: the interrupted code's registers, as the
+/// kernel saved them. The interrupted rsp may lie anywhere (the handler can
+/// run on an alternate stack), so it is not checked against ours.
+#[inline(always)]
+fn signal_frame_step<M: MemoryReader>(regs: &mut Registers, memory: &mut M) -> StepOutcome {
+    let (Some(ip), Some(sp), Some(bp)) = (
+        memory.read_u64(regs.sp.wrapping_add(signal_frame::RIP)),
+        memory.read_u64(regs.sp.wrapping_add(signal_frame::RSP)),
+        memory.read_u64(regs.sp.wrapping_add(signal_frame::RBP)),
+    ) else {
+        return StepOutcome::ReadFailed;
+    };
+    if ip == 0 || sp == 0 {
+        return StepOutcome::InvalidFrame;
+    }
+    regs.ip = ip;
+    regs.sp = sp;
     regs.bp = bp;
     StepOutcome::Caller
 }
@@ -200,6 +291,79 @@ mod tests {
                     bp: 0x7777
                 }
             )
+        );
+    }
+
+    #[test]
+    fn deref_rows_pack_and_step() {
+        let row = UnwindRow::deref(0, CfaRule::RspDeref, -8, 8, RbpRule::Unchanged, 0).unwrap();
+        assert_eq!(row.cfa_rule(), CfaRule::RspDeref);
+        assert_eq!(row.deref_parts(), (-8, 8));
+        let far = UnwindRow::deref(0, CfaRule::RbpDeref, 152, 64, RbpRule::Unchanged, 0).unwrap();
+        assert_eq!(far.deref_parts(), (152, 64));
+        assert_eq!(
+            UnwindRow::deref(0, CfaRule::RspDeref, 4, 8, RbpRule::Unchanged, 0),
+            None,
+            "not a multiple of 8"
+        );
+        assert_eq!(
+            UnwindRow::deref(0, CfaRule::Rsp, 8, 8, RbpRule::Unchanged, 0),
+            None
+        );
+        // OpenSSL: the caller's rsp - 8 saved at [rsp + 8]; CFA = that + 8.
+        let base = 0x7000;
+        let saved = base + 32; // the caller's CFA - 8
+        let mut mem = Words {
+            base,
+            words: [0, saved, 0, 0, 0x40_5555, 0, 0, 0],
+        };
+        let row = UnwindRow::deref(0, CfaRule::RspDeref, 8, 8, RbpRule::Unchanged, 0).unwrap();
+        let regs = Registers {
+            ip: 1,
+            sp: base,
+            bp: 9,
+        };
+        assert_eq!(
+            step(regs, row, &mut mem),
+            (
+                StepOutcome::Caller,
+                Registers {
+                    ip: 0x40_5555,
+                    sp: saved + 8,
+                    bp: 9
+                }
+            )
+        );
+    }
+
+    #[test]
+    fn signal_frames_restore_the_interrupted_registers() {
+        struct Frame;
+        impl MemoryReader for Frame {
+            fn read_u64(&mut self, address: u64) -> Option<u64> {
+                match address - 0x9000 {
+                    signal_frame::RIP => Some(0x40_1111),
+                    signal_frame::RSP => Some(0x5000),
+                    signal_frame::RBP => Some(0x5040),
+                    _ => None,
+                }
+            }
+        }
+        let row = UnwindRow::new(0, CfaRule::SignalFrame, 0, RbpRule::Unchanged, 0);
+        let mut regs = Registers {
+            ip: 0x7f00_0000,
+            sp: 0x9000,
+            bp: 1,
+        };
+        // The interrupted stack may be below the handler's (sigaltstack).
+        assert_eq!(dwarf_step(&mut regs, row, &mut Frame), StepOutcome::Caller);
+        assert_eq!(
+            regs,
+            Registers {
+                ip: 0x40_1111,
+                sp: 0x5000,
+                bp: 0x5040
+            }
         );
     }
 

@@ -12,7 +12,7 @@ use gimli::{
 use object::{Architecture, CompressionFormat, Object, ObjectSection};
 
 use super::{TableError, TableStats, UnwindTable, count_unsupported, plt};
-use crate::native::dwarf::{CfaRule, MAX_TABLE_ROWS, RbpRule, UnwindRow};
+use crate::native::dwarf::{CfaRule, MAX_TABLE_ROWS, RbpRule, UnwindRow, signal_frame};
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
 
@@ -343,6 +343,15 @@ where
     if !ra_column {
         return Converted::Row(UNSUPPORTED);
     }
+    if is_signal_frame(row, section) {
+        return Converted::Row(UnwindRow::new(
+            0,
+            CfaRule::SignalFrame,
+            0,
+            RbpRule::Unchanged,
+            0,
+        ));
+    }
     match row.register(X86_64::RA) {
         Some(RegisterRule::Undefined) => {
             return Converted::Row(UnwindRow::new(
@@ -384,13 +393,92 @@ where
                 .get(section)
                 .ok()
                 .and_then(|e| plt::expression_threshold(e.0.slice()));
-            match threshold {
-                Some(threshold) => Converted::PltExpression {
+            if let Some(threshold) = threshold {
+                return Converted::PltExpression {
                     threshold,
                     template: UnwindRow::new(0, CfaRule::Rsp, 8, rbp_rule, rbp_offset),
-                },
-                None => Converted::Row(UNSUPPORTED),
+                };
             }
+            let deref = expression
+                .get(section)
+                .ok()
+                .and_then(|e| deref_expression(e.0.slice()))
+                .and_then(|(register, offset, addend)| {
+                    let base = match register {
+                        X86_64::RSP => CfaRule::RspDeref,
+                        X86_64::RBP => CfaRule::RbpDeref,
+                        _ => return None,
+                    };
+                    UnwindRow::deref(0, base, offset, addend, rbp_rule, rbp_offset)
+                });
+            Converted::Row(deref.unwrap_or(UNSUPPORTED))
         }
     }
+}
+
+/// `DW_OP_breg<r> offset; DW_OP_deref[; DW_OP_plus_uconst addend]`: the CFA
+/// is a value saved in the frame (OpenSSL's assembly, GCC's stack
+/// realignment, the signal trampoline). Returns (r, offset, addend).
+fn deref_expression(expression: &[u8]) -> Option<(gimli::Register, i64, u64)> {
+    const DEREF: u8 = gimli::constants::DW_OP_deref.0;
+    const PLUS_UCONST: u8 = gimli::constants::DW_OP_plus_uconst.0;
+    let mut input = Slice::new(expression, LittleEndian);
+    let (register, offset) = breg(&mut input)?;
+    if gimli::Reader::read_u8(&mut input).ok()? != DEREF {
+        return None;
+    }
+    let addend = if gimli::Reader::is_empty(&input) {
+        0
+    } else {
+        if gimli::Reader::read_u8(&mut input).ok()? != PLUS_UCONST {
+            return None;
+        }
+        gimli::Reader::read_uleb128(&mut input).ok()?
+    };
+    gimli::Reader::is_empty(&input).then_some((register, offset, addend))
+}
+
+/// `DW_OP_breg<r> offset` at the start of `input`: (r, offset).
+fn breg(input: &mut Slice<'_>) -> Option<(gimli::Register, i64)> {
+    let op = gimli::Reader::read_u8(input).ok()?;
+    let register = op.checked_sub(gimli::constants::DW_OP_breg0.0)?;
+    if register > 31 {
+        return None;
+    }
+    let offset = gimli::Reader::read_sleb128(input).ok()?;
+    Some((gimli::Register(u16::from(register)), offset))
+}
+
+/// A register rule `DW_CFA_expression: DW_OP_breg7 (rsp) offset`: the value
+/// is saved at rsp + offset.
+fn saved_at_rsp<'a, S: UnwindSection<Slice<'a>>>(
+    rule: Option<RegisterRule<usize>>,
+    section: &S,
+) -> Option<i64> {
+    let Some(RegisterRule::Expression(expression)) = rule else {
+        return None;
+    };
+    let expression = expression.get(section).ok()?;
+    let mut input = expression.0;
+    let (register, offset) = breg(&mut input)?;
+    (register == X86_64::RSP && gimli::Reader::is_empty(&input)).then_some(offset)
+}
+
+/// The kernel's signal frame, as glibc's `__restore_rt` describes it: the
+/// CFA is the saved rsp, rip and rbp are saved in the `ucontext` at rsp, at
+/// the offsets the step reads ([`signal_frame`]).
+fn is_signal_frame<'a, S: UnwindSection<Slice<'a>>>(
+    row: &UnwindTableRow<usize>,
+    section: &S,
+) -> bool {
+    let gimli::CfaRule::Expression(cfa) = row.cfa() else {
+        return false;
+    };
+    let cfa = cfa
+        .get(section)
+        .ok()
+        .and_then(|e| deref_expression(e.0.slice()));
+    cfa == Some((X86_64::RSP, signal_frame::RSP as i64, 0))
+        && saved_at_rsp(row.register(X86_64::RA), section) == Some(signal_frame::RIP as i64)
+        && saved_at_rsp(row.register(X86_64::RBP), section) == Some(signal_frame::RBP as i64)
 }

@@ -12,10 +12,14 @@
 //! - Every FDE of both sections is evaluated with gimli. CFA = rsp + n and
 //!   rbp + n become `Rsp`/`Rbp` (n must fit a `u16`); the standard `.plt`
 //!   expression becomes `Plt` (or, for its IBT/MPX variants, two `Rsp` rows
-//!   per PLT entry); the return address must be saved at CFA - 8 (an
-//!   undefined return address marks the outermost frame: `EndOfStack`); rbp
-//!   must be unchanged or saved at CFA + 8k with k an `i8`. Anything else is
-//!   `Unsupported`, so BPF falls back to frame pointers instead of guessing.
+//!   per PLT entry); CFA = *(rsp or rbp + 8a) + 8b (a value saved in the
+//!   frame: OpenSSL's assembly, GCC's stack realignment) becomes
+//!   `RspDeref`/`RbpDeref`; glibc's signal trampoline (CFA, rip and rbp
+//!   read from the kernel's `ucontext` at rsp) becomes `SignalFrame`. The
+//!   return address must be saved at CFA - 8 (an undefined return address
+//!   marks the outermost frame: `EndOfStack`); rbp must be unchanged or
+//!   saved at CFA + 8k with k an `i8`. Anything else is `Unsupported`, so
+//!   BPF falls back to frame pointers instead of guessing.
 //! - **Overlaps** are resolved per FDE: `.debug_frame` FDEs are taken first,
 //!   then `.eh_frame` FDEs that overlap none already taken (so `.debug_frame`
 //!   wins where both describe a PC, and a file's duplicated FDEs keep the
