@@ -17,19 +17,9 @@ use icecore_unwinders::native::ProcessMappingTable;
 const PROCESS_MAPPINGS: &str = "PROCESS_MAPPING";
 const UNWIND_TABLES: &str = "UNWIND_TABLES";
 
-/// One executable mapping of a process as BPF sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MappingEntry {
-    pub start: u64,
-    pub end: u64,
-    /// Process address minus ELF virtual address.
-    pub bias: u64,
-    pub file_id: u64,
-    /// 0 while the file has no table (frame pointers are used there).
-    pub table_rows: u32,
-    /// Where the table is in `UNWIND_TABLES`.
-    pub table_slot: u32,
-}
+/// One executable mapping of a process as BPF sees it (`table_rows` is 0
+/// while the file has no table: frame pointers are used there).
+pub use icecore_unwinders::native::MappingEntry;
 
 /// Both maps of one icecore process.
 pub struct UnwinderMaps {
@@ -132,19 +122,7 @@ impl UnwinderMaps {
         let inner = self.processes.get(&pid, 0).ok()?;
         let table = inner.get(&0, 0).ok()?;
         let count = (table.count as usize).min(table.entries.len());
-        Some(
-            table.entries[..count]
-                .iter()
-                .map(|e| MappingEntry {
-                    start: e.start,
-                    end: e.end,
-                    bias: e.bias,
-                    file_id: e.file_id,
-                    table_rows: e.table_rows,
-                    table_slot: e.table_slot,
-                })
-                .collect(),
-        )
+        Some(table.entries[..count].to_vec())
     }
 
     /// A consistent view of both maps: every process's mapping table and the
