@@ -56,7 +56,7 @@ fn build_fixture(dir: &Path) -> PathBuf {
     exe
 }
 
-fn measure(exe: &Path, depth: u32, cpus: usize) -> Run {
+fn measure(exe: &Path, depth: u32, cpus: usize, frequency_hz: u32) -> Run {
     let seconds = SECONDS + 2;
     let mut children: Vec<Child> = (0..cpus)
         .map(|_| {
@@ -68,10 +68,7 @@ fn measure(exe: &Path, depth: u32, cpus: usize) -> Run {
         .collect();
     let pids = children.iter().map(Child::id).collect();
     let options = ProfilerOptions::new(
-        SamplerOptions {
-            frequency_hz: FREQUENCY_HZ,
-            pids,
-        },
+        SamplerOptions { frequency_hz, pids },
         Duration::from_secs(3600),
     );
     let mut profiler = CpuProfiler::start(&options).expect("start sampling (root needed)");
@@ -138,16 +135,21 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(ROUNDS);
+    // BPF_COST_HZ: caches are colder at lower frequencies, and samples dearer.
+    let frequency_hz = std::env::var("BPF_COST_HZ")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(FREQUENCY_HZ);
     let runs: Vec<Run> = (0..rounds)
         .flat_map(|_| {
             depths
                 .iter()
-                .map(|&d| measure(&exe, d, cpus))
+                .map(|&d| measure(&exe, d, cpus, frequency_hz))
                 .collect::<Vec<_>>()
         })
         .collect();
     println!(
-        "BPF cost per sample (cpu-clock {FREQUENCY_HZ} Hz, {cpus} fixture instances, {SECONDS} s \
+        "BPF cost per sample (cpu-clock {frequency_hz} Hz, {cpus} fixture instances, {SECONDS} s \
          each, {rounds} rounds)"
     );
     println!(
