@@ -4,9 +4,9 @@ use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::generated::bpf_ringbuf_output,
 };
-use icecore_unwinders::{Counter, SampleRecord, sample::MAX_FRAMES};
+use icecore_unwinders::{Counter, SampleRecord, UnwindScratch, sample::MAX_FRAMES};
 
-use crate::maps::{SAMPLES, SCRATCH, count, count_n};
+use crate::maps::{SAMPLES, count, count_n};
 
 /// Wake the reader only once this many bytes wait: a wakeup per sample costs
 /// about 1 µs of BPF time, and user space polls on a timer anyway. Set at load
@@ -14,14 +14,13 @@ use crate::maps::{SAMPLES, SCRATCH, count, count_n};
 #[unsafe(no_mangle)]
 static WAKEUP_BYTES: u64 = 256 * 1024;
 
+/// Each CPU asks how much data waits only every this many samples: the query
+/// is a helper call, and the threshold is a quarter of a ring that holds a
+/// second of samples, so a few records more before a wakeup are harmless.
+const QUERY_EVERY: u16 = 8;
+
 #[inline(always)]
-pub fn emit() {
-    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
-        count(Counter::ScratchUnavailable);
-        return;
-    };
-    // SAFETY: per-CPU value owned by this CPU's tail-call chain.
-    let scratch = unsafe { &mut *scratch };
+pub fn emit(scratch: &mut UnwindScratch) {
     // Per-frame counts were kept in the scratch space: one update per sample.
     if scratch.state.dwarf_frames != 0 {
         count_n(Counter::DwarfFrames, u64::from(scratch.state.dwarf_frames));
@@ -32,23 +31,28 @@ pub fn emit() {
             u64::from(scratch.state.frame_pointer_frames),
         );
     }
-    let record = &mut scratch.record;
-    let mut frames = (record.header.kernel_frames + record.header.user_frames) as usize;
+    let header = &scratch.record.header;
+    let mut frames = (header.kernel_frames + header.user_frames) as usize;
     if frames > MAX_FRAMES {
         frames = MAX_FRAMES;
     }
     let size = SampleRecord::wire_size(frames) as u64;
     let ring = core::ptr::from_ref(&SAMPLES).cast_mut().cast();
-    // SAFETY: plain load of a load-time constant; `ring` is the map definition
-    // (RingBuf is repr(transparent) over it).
-    let wakeup_bytes = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
-    let pending =
-        unsafe { aya_ebpf::helpers::generated::bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA as u64) };
-    let flags = if pending >= wakeup_bytes {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    };
+    let mut flags = BPF_RB_NO_WAKEUP;
+    scratch.state.samples_since_query = scratch.state.samples_since_query.wrapping_add(1);
+    if scratch.state.samples_since_query >= QUERY_EVERY {
+        scratch.state.samples_since_query = 0;
+        // SAFETY: plain load of a load-time constant; `ring` is the map
+        // definition (RingBuf is repr(transparent) over it).
+        let wakeup_bytes = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
+        let pending = unsafe {
+            aya_ebpf::helpers::generated::bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA as u64)
+        };
+        if pending >= wakeup_bytes {
+            flags = BPF_RB_FORCE_WAKEUP;
+        }
+    }
+    let record = &mut scratch.record;
     // SAFETY: `size` is at most size_of::<SampleRecord>(), so the read stays
     // inside the map value.
     let ret =

@@ -12,15 +12,16 @@ use icecore_unwinders::{
     BlockReader, Counter, MAX_TAIL_CALLS, MemoryReader, ProgramIndex, Registers, StepOutcome,
     WindowedReader,
     memory::{STACK_WINDOW_BYTES, STACK_WINDOW_WORDS},
-    native::{ProcessMappingTable, dwarf_step, find_row, frame_pointer_step},
+    native::{ProcessMappingTable, RowCache, dwarf_step, find_row, frame_pointer_step},
     sample::{MAX_FRAMES, MAX_USER_FRAMES, flags},
 };
 
 use crate::maps::{PROCESS_MAPPINGS, PROGRAMS, SCRATCH, UNWIND_TABLES, count};
 
-/// Frames walked per program run. Each frame may search a table (up to 24
-/// steps), so this is what the verifier's budget allows; tail calls continue.
-const FRAMES_PER_PROGRAM: usize = 12;
+/// Frames walked per program run; tail calls continue. Each frame costs the
+/// verifier about 4,400 instructions (the searches have fixed probe counts),
+/// so 24 frames verify in about 146,000, well inside the 1M budget.
+const FRAMES_PER_PROGRAM: usize = 24;
 const _: () = assert!(FRAMES_PER_PROGRAM * (MAX_TAIL_CALLS as usize + 1) >= 300);
 
 /// The sampled process's memory, read with `bpf_probe_read_user`.
@@ -62,6 +63,7 @@ fn step(
     regs: &mut Registers,
     is_caller: bool,
     mappings: Option<&ProcessMappingTable>,
+    rows: &mut RowCache,
     memory: &mut WindowedReader<'_, UserMemory>,
 ) -> (StepOutcome, bool) {
     // A return address points after the call; the call is what covers it.
@@ -71,16 +73,35 @@ fn step(
         regs.ip
     };
     if let Some(mappings) = mappings
-        && let Some(entry) = mappings.find(pc)
+        && let Some(entry) = mappings.find_from(pc, zero(mappings))
         && entry.table_rows != 0
         && let Ok(vaddr) = u32::try_from(pc.wrapping_sub(entry.bias))
-        && let Some(table) = UNWIND_TABLES.get(entry.table_slot)
-        // `reserved` is 0; loaded from the map, it is no constant to the verifier.
-        && let Some(row) = find_row(entry.table_rows, vaddr, mappings.reserved, |i| table.get(i))
     {
-        return (dwarf_step(regs, row, memory), true);
+        let index = RowCache::index(entry.file_id, vaddr);
+        let mut cached = rows.holds(index, entry.file_id, vaddr);
+        if !cached
+            && let Some(table) = UNWIND_TABLES.get(entry.table_slot)
+            && let Some(row) = find_row(entry.table_rows, vaddr, zero(mappings), |i| table.get(i))
+        {
+            rows.insert(index, entry.file_id, vaddr, row);
+            cached = true;
+        }
+        if cached {
+            return (dwarf_step(regs, rows.row_at(index), memory), true);
+        }
     }
     (frame_pointer_step(regs, memory), false)
+}
+
+/// The zero `find_row` starts from: `reserved`, loaded from the map so that
+/// it is no constant to the verifier, and loaded afresh for each search. A
+/// zero kept in a register across frames would carry the bounds one search
+/// taught the verifier into the next frame, where a path that hit the row
+/// cache lacks them, and the two could no longer be pruned against each other.
+#[inline(always)]
+fn zero(mappings: &ProcessMappingTable) -> u32 {
+    // SAFETY: a load of a plain integer in the map value.
+    unsafe { core::ptr::read_volatile(&mappings.reserved) }
 }
 
 pub fn unwind(ctx: &PerfEventContext) -> u32 {
@@ -117,6 +138,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
             &mut scratch.state.registers,
             user > 0,
             mappings,
+            &mut scratch.rows,
             &mut memory,
         );
         if used_table {
@@ -155,8 +177,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         count(Counter::UserStackTruncated);
         scratch.record.header.flags |= flags::USER_TRUNCATED;
     }
-    // SAFETY: same program type in every slot.
-    unsafe { PROGRAMS.tail_call(ctx, ProgramIndex::Emit as u32) };
-    count(Counter::TailCallFailed);
+    // Emitting here rather than in `emit_sample` saves a tail call.
+    crate::emit::emit(scratch);
     0
 }

@@ -1,7 +1,10 @@
 //! The sample record BPF writes to the ring buffer, and the per-CPU scratch
 //! space the programs of one tail-call chain share.
 
-use crate::{memory::StackWindow, native::Registers};
+use crate::{
+    memory::StackWindow,
+    native::{Registers, RowCache},
+};
 
 /// Kernel frames kept per sample; `kernel.perf_event_max_stack` defaults to 127.
 pub const MAX_KERNEL_FRAMES: usize = 127;
@@ -78,8 +81,9 @@ pub struct UnwindState {
     pub dwarf_frames: u16,
     /// Frames stepped with frame pointers so far (counted once, at emit).
     pub frame_pointer_frames: u16,
-    /// Padding, kept zero.
-    pub reserved: u16,
+    /// Samples this CPU emitted since it last asked the ring buffer how much
+    /// data waits. Kept across samples.
+    pub samples_since_query: u16,
 }
 
 /// The per-CPU scratch space of one sample's tail-call chain. Larger than the
@@ -93,6 +97,8 @@ pub struct UnwindScratch {
     pub state: UnwindState,
     /// The part of the user stack read so far.
     pub stack: StackWindow,
+    /// Recent unwind-table lookups of this CPU, kept across samples.
+    pub rows: RowCache,
 }
 
 const _: () = assert!(core::mem::size_of::<SampleHeader>() == 48);
@@ -100,5 +106,8 @@ const _: () = assert!(core::mem::size_of::<SampleRecord>() == 48 + MAX_FRAMES * 
 const _: () = assert!(core::mem::size_of::<UnwindState>() == 32);
 const _: () = assert!(
     core::mem::size_of::<UnwindScratch>()
-        == core::mem::size_of::<SampleRecord>() + 32 + core::mem::size_of::<StackWindow>()
+        == core::mem::size_of::<SampleRecord>()
+            + 32
+            + core::mem::size_of::<StackWindow>()
+            + core::mem::size_of::<RowCache>()
 );

@@ -2,16 +2,16 @@
 //!
 //! User space writes one [`ProcessMappingTable`] per process: its executable
 //! file mappings sorted by address, each naming the unwind table of the
-//! mapped file. BPF finds a PC's entry with a bounded binary search inside
-//! the one map value (no helper call per step, unlike an LPM trie).
+//! mapped file. BPF finds a PC's entry with a fixed-probe binary search
+//! inside the one map value (no helper call per step, unlike an LPM trie).
 
 /// Executable mappings tracked per process; more are left out (their frames
 /// fall back to frame pointers, and user space counts them).
 pub const MAX_PROCESS_MAPPINGS: usize = 256;
 
-/// Search steps covering [`MAX_PROCESS_MAPPINGS`] entries.
-const MAPPING_SEARCH_STEPS: usize = 9;
-const _: () = assert!(1 << (MAPPING_SEARCH_STEPS - 1) >= MAX_PROCESS_MAPPINGS);
+/// Search probes covering [`MAX_PROCESS_MAPPINGS`] entries.
+const MAPPING_SEARCH_STEPS: u32 = MAX_PROCESS_MAPPINGS.trailing_zeros();
+const _: () = assert!(MAX_PROCESS_MAPPINGS.is_power_of_two());
 
 /// One executable mapping of a process.
 #[repr(C)]
@@ -60,24 +60,34 @@ impl ProcessMappingTable {
     /// The entry containing `pc`, if any.
     #[inline(always)]
     pub fn find(&self, pc: u64) -> Option<&MappingEntry> {
-        let count = self.count as usize;
-        if count == 0 || count > MAX_PROCESS_MAPPINGS {
+        self.find_from(pc, 0)
+    }
+
+    /// [`find`](Self::find) for BPF: `zero` must be 0, loaded from a map so
+    /// that the verifier sees the probes as values in one range rather than
+    /// as distinct constants (as in [`super::find_row`]). Always
+    /// `log2(MAX_PROCESS_MAPPINGS)` probes: a search that stops early gives
+    /// the verifier one path per stopping point, and every later frame of
+    /// the program is verified once per path.
+    #[inline(always)]
+    pub fn find_from(&self, pc: u64, zero: u32) -> Option<&MappingEntry> {
+        let count = self.count;
+        if count == 0 || count as usize > MAX_PROCESS_MAPPINGS {
             return None;
         }
-        // Last entry with start <= pc.
-        let (mut lo, mut hi) = (0usize, count);
+        // Last entry with start <= pc, among the first `count`. The masks
+        // never change an index; they show the verifier its bound.
+        let mask = MAX_PROCESS_MAPPINGS as u32 - 1;
+        let mut base = zero & mask;
+        let mut step = MAX_PROCESS_MAPPINGS as u32 / 2;
         for _ in 0..MAPPING_SEARCH_STEPS {
-            if hi - lo <= 1 {
-                break;
+            let probe = (base + step) & mask;
+            if probe < count && self.entries[(probe & mask) as usize].start <= pc {
+                base = probe;
             }
-            let mid = lo + (hi - lo) / 2;
-            if self.entries.get(mid)?.start <= pc {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
+            step >>= 1;
         }
-        let entry = self.entries.get(lo)?;
+        let entry = &self.entries[(base & mask) as usize];
         (entry.start <= pc && pc < entry.end).then_some(entry)
     }
 }
