@@ -42,8 +42,7 @@ const USER_MODE_RPL: u64 = 3;
 pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
     count(Counter::Samples);
     // One helper call for both ids (`ctx.tgid()` and `ctx.pid()` make two).
-    // SAFETY: a helper without arguments.
-    let pid_tgid = unsafe { bpf_get_current_pid_tgid() };
+    let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     if pid == 0 {
         count(Counter::Idle);
