@@ -4,16 +4,26 @@
 use std::{
     fmt::Write,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::Ordering::Relaxed},
 };
 
 use anyhow::Context;
 use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
+use icecore_otlp::ExportStats;
 use icecore_receiver::{Counter, ProfilerStats};
 use tracing::{info, warn};
 
+/// What `/metrics` reports on.
+#[derive(Clone)]
+pub struct Sources {
+    /// The profiler's totals.
+    pub profiler: Arc<Mutex<ProfilerStats>>,
+    /// The OTLP exporter's counters, when one is configured.
+    pub otlp: Option<Arc<ExportStats>>,
+}
+
 /// Binds the address and serves until the runtime shuts down.
-pub async fn serve(address: SocketAddr, stats: Arc<Mutex<ProfilerStats>>) -> anyhow::Result<()> {
+pub async fn serve(address: SocketAddr, stats: Sources) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("--http-address {address}: cannot listen"))?;
@@ -31,12 +41,82 @@ pub async fn serve(address: SocketAddr, stats: Arc<Mutex<ProfilerStats>>) -> any
     Ok(())
 }
 
-async fn metrics(State(stats): State<Arc<Mutex<ProfilerStats>>>) -> impl IntoResponse {
-    let snapshot = stats.lock().map(|s| s.clone()).unwrap_or_default();
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        render(&snapshot),
-    )
+async fn metrics(State(sources): State<Sources>) -> impl IntoResponse {
+    let snapshot = sources
+        .profiler
+        .lock()
+        .map(|s| s.clone())
+        .unwrap_or_default();
+    let mut text = render(&snapshot);
+    if let Some(otlp) = &sources.otlp {
+        render_export(&mut text, otlp);
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// Prometheus text exposition of the OTLP exporter's counters.
+fn render_export(out: &mut String, stats: &ExportStats) {
+    let _ = writeln!(
+        out,
+        "# HELP icecore_otlp_dropped_samples_total Samples the OTLP exporter could not deliver, by reason.\n# TYPE icecore_otlp_dropped_samples_total counter"
+    );
+    for (reason, counter) in [
+        ("queue_full", &stats.dropped_queue_full),
+        ("retries_exhausted", &stats.dropped_retries_exhausted),
+        ("rejected", &stats.dropped_rejected),
+        ("shutdown", &stats.dropped_at_shutdown),
+    ] {
+        let _ = writeln!(
+            out,
+            "icecore_otlp_dropped_samples_total{{reason=\"{reason}\"}} {}",
+            counter.load(Relaxed)
+        );
+    }
+    let scalars = [
+        (
+            "icecore_otlp_sent_requests_total",
+            "counter",
+            "OTLP requests the endpoint accepted.",
+            &stats.sent_requests,
+        ),
+        (
+            "icecore_otlp_sent_samples_total",
+            "counter",
+            "Samples in accepted OTLP requests.",
+            &stats.sent_samples,
+        ),
+        (
+            "icecore_otlp_rejected_profiles_total",
+            "counter",
+            "Profiles the endpoint reported rejected (partial success).",
+            &stats.rejected_profiles,
+        ),
+        (
+            "icecore_otlp_retries_total",
+            "counter",
+            "OTLP export attempts repeated after a transient failure.",
+            &stats.retries,
+        ),
+        (
+            "icecore_otlp_queue_requests",
+            "gauge",
+            "OTLP requests waiting to be sent.",
+            &stats.queued_requests,
+        ),
+        (
+            "icecore_otlp_queue_bytes",
+            "gauge",
+            "Encoded bytes of the OTLP requests waiting to be sent.",
+            &stats.queued_bytes,
+        ),
+    ];
+    for (name, kind, help, value) in scalars {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+            value.load(Relaxed)
+        );
+    }
 }
 
 /// Prometheus text exposition of the profiler's totals.
@@ -165,5 +245,23 @@ mod tests {
         for counter in Counter::ALL {
             assert!(text.contains(&format!("counter=\"{}\"", counter.name())));
         }
+    }
+
+    #[test]
+    fn renders_export_counters() {
+        let stats = ExportStats::default();
+        stats.sent_samples.store(7, Relaxed);
+        stats.dropped_queue_full.store(3, Relaxed);
+        let mut text = String::new();
+        render_export(&mut text, &stats);
+        assert!(text.contains("icecore_otlp_sent_samples_total 7"), "{text}");
+        assert!(
+            text.contains("icecore_otlp_dropped_samples_total{reason=\"queue_full\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE icecore_otlp_queue_bytes gauge"),
+            "{text}"
+        );
     }
 }

@@ -71,7 +71,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
     let options = ProfilerOptions::new(sampler, config.reporter_interval);
     let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;
-    http::serve(config.http_address, profiler.stats()).await?;
+    http::serve(
+        config.http_address,
+        http::Sources {
+            profiler: profiler.stats(),
+            otlp: sinks.otlp_stats(),
+        },
+    )
+    .await?;
 
     let (batches_tx, batches_rx) = mpsc::channel(BATCH_QUEUE);
     let sink_task = tokio::spawn(sinks.run(batches_rx));
@@ -88,6 +95,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         bpf_ns_per_sample = cost.run_time_ns.checked_div(cost.run_count).unwrap_or(0),
         exported = sink_report.batches_ok,
         export_failures = sink_report.batches_failed,
+        otlp_samples_dropped = sink_report.otlp_samples_dropped,
         "icecore stopped"
     );
     if sink_report.batches_failed > 0 {

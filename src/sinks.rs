@@ -1,19 +1,28 @@
 //! The configured sinks, fed every batch the source produces.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, atomic::Ordering::Relaxed},
+    time::Duration,
+};
 
 use anyhow::Context;
-use icecore_config::Config;
-use icecore_otlp::{ExportOutcome, OtlpExporter, PprofDirWriter, model::ProfileBatch};
+use icecore_config::{BearerToken, Config, OtlpCompression};
+use icecore_otlp::{
+    Compression, ExportStats, OtlpExporter, OtlpExporterOptions, OtlpPipeline, PprofDirWriter,
+    QueueLimits, ResourceAttributes, RetryPolicy, model::ProfileBatch,
+};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-/// How long one OTLP export may take.
-const OTLP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the queued OTLP requests may still be retried at shutdown:
+/// inside Kubernetes' default 30 s termination grace period.
+const OTLP_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+/// Longest accepted bearer token file.
+const MAX_TOKEN_BYTES: u64 = 64 << 10;
 
 /// Every configured sink.
 pub struct Sinks {
-    otlp: Option<OtlpExporter>,
+    otlp: Option<OtlpPipeline>,
     pprof: Option<Arc<PprofDirWriter>>,
     pprof_is_default: bool,
 }
@@ -21,21 +30,77 @@ pub struct Sinks {
 /// What the sinks did over the run.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SinkReport {
-    /// Batch deliveries that succeeded (one per sink per batch).
+    /// Batch deliveries that succeeded (pprof files written, OTLP requests accepted).
     pub batches_ok: u64,
     /// Batch deliveries that failed.
     pub batches_failed: u64,
+    /// Samples the OTLP exporter could not deliver.
+    pub otlp_samples_dropped: u64,
+}
+
+/// The exporter options the settings describe; reads the token file.
+fn otlp_options(config: &Config, url: &str) -> anyhow::Result<OtlpExporterOptions> {
+    let mut headers = config.otlp_headers.clone();
+    if let Some(token) = &config.otlp_bearer_token {
+        let token = match token {
+            BearerToken::File(path) => read_token(path)
+                .with_context(|| format!("--otlp-bearer-token-file {}", path.display()))?,
+            BearerToken::Value(secret) => secret.expose().to_owned(),
+        };
+        headers.retain(|(name, _)| !name.eq_ignore_ascii_case("authorization"));
+        headers.push(("authorization".to_owned(), format!("Bearer {token}")));
+    }
+    Ok(OtlpExporterOptions {
+        timeout: config.otlp_timeout,
+        headers,
+        compression: match config.otlp_compression {
+            OtlpCompression::Gzip => Compression::Gzip,
+            OtlpCompression::None => Compression::None,
+        },
+        scope_version: env!("CARGO_PKG_VERSION").to_owned(),
+        resource: ResourceAttributes {
+            service_name: config.service_name.clone(),
+            extra: config.resource_attributes.clone(),
+        },
+        ..OtlpExporterOptions::new(url)
+    })
+}
+
+fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .context("cannot open the token file")?
+        .take(MAX_TOKEN_BYTES + 1)
+        .read_to_string(&mut text)
+        .context("cannot read the token file as UTF-8 text")?;
+    if text.len() as u64 > MAX_TOKEN_BYTES {
+        anyhow::bail!("the token file is over {MAX_TOKEN_BYTES} bytes");
+    }
+    let token = text.trim();
+    if token.is_empty() {
+        anyhow::bail!("the token file is empty");
+    }
+    if !token.chars().all(|c| c.is_ascii_graphic()) {
+        anyhow::bail!("the token holds characters other than printable ASCII");
+    }
+    Ok(token.to_owned())
 }
 
 impl Sinks {
     /// Creates the sinks named in the settings.
     pub fn from_config(config: &Config) -> anyhow::Result<Self> {
         let otlp = match &config.otlp {
-            Some(endpoint) => Some(
-                OtlpExporter::new(&endpoint.url, OTLP_TIMEOUT)
-                    .with_context(|| format!("--otlp-endpoint {}", endpoint.url))?
-                    .with_scope_version(env!("CARGO_PKG_VERSION")),
-            ),
+            Some(endpoint) => {
+                let options = otlp_options(config, &endpoint.url)?;
+                let exporter = OtlpExporter::new(options)
+                    .with_context(|| format!("--otlp-endpoint {}", endpoint.url))?;
+                Some(OtlpPipeline::start(
+                    exporter,
+                    RetryPolicy::default(),
+                    QueueLimits::default(),
+                ))
+            }
             None => None,
         };
         let pprof = match &config.pprof_dir {
@@ -71,7 +136,13 @@ impl Sinks {
         lines
     }
 
-    /// Delivers batches until the source closes the channel.
+    /// The OTLP exporter's counters, when there is one.
+    pub fn otlp_stats(&self) -> Option<Arc<ExportStats>> {
+        self.otlp.as_ref().map(OtlpPipeline::stats)
+    }
+
+    /// Delivers batches until the source closes the channel, then sends
+    /// what the OTLP queue still holds.
     pub async fn run(self, mut batches: mpsc::Receiver<ProfileBatch>) -> SinkReport {
         let mut report = SinkReport::default();
         while let Some(batch) = batches.recv().await {
@@ -82,29 +153,8 @@ impl Sinks {
                 tokio::task::spawn_blocking(move || writer.write(&batch))
             });
             if let Some(otlp) = &self.otlp {
-                match otlp.export(&batch).await {
-                    Ok(ExportOutcome::Empty) => {}
-                    Ok(ExportOutcome::Sent {
-                        rejected_profiles,
-                        message,
-                        encoded_bytes,
-                        ..
-                    }) => {
-                        report.batches_ok += 1;
-                        if rejected_profiles > 0 {
-                            warn!(
-                                rejected_profiles,
-                                message = message.unwrap_or_default(),
-                                "OTLP endpoint rejected profiles"
-                            );
-                        }
-                        debug!(samples, encoded_bytes, "OTLP batch sent");
-                    }
-                    Err(e) => {
-                        report.batches_failed += 1;
-                        warn!(samples, "OTLP export failed: {e}");
-                    }
-                }
+                // Queued; the pipeline sends, retries and counts.
+                otlp.submit(&batch);
             }
             if let Some(task) = pprof {
                 match task.await {
@@ -130,6 +180,11 @@ impl Sinks {
                     "batch delivered"
                 );
             }
+        }
+        if let Some(otlp) = self.otlp {
+            let stats = otlp.shutdown(OTLP_SHUTDOWN_GRACE).await;
+            report.batches_ok += stats.sent_requests.load(Relaxed);
+            report.otlp_samples_dropped = stats.dropped_samples();
         }
         report
     }

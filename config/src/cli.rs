@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser};
 
+use crate::export::{self, BearerToken};
 use crate::validate::{self, Invalid};
 use crate::{ConfigError, Settings};
 
@@ -17,9 +18,29 @@ pub const ABOUT: &str =
 #[derive(Debug, Parser)]
 #[command(name = "icecore", bin_name = "icecore", version, about = ABOUT)]
 pub(crate) struct Cli {
-    /// OTLP gRPC collector to send profiles to: http://HOST:PORT (plaintext) or https://HOST:PORT (TLS) [default: none]
+    /// OTLP gRPC collector to send profiles to: http://HOST:PORT (plaintext) or https://HOST:PORT (TLS) [default: OTEL_EXPORTER_OTLP_ENDPOINT, else none]
     #[arg(long, value_name = "URL")]
     otlp_endpoint: Option<String>,
+
+    /// gRPC header sent with every OTLP request, KEY=VALUE; repeat for more [default: OTEL_EXPORTER_OTLP_HEADERS]
+    #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
+    otlp_headers: Vec<String>,
+
+    /// File holding a bearer token sent as `authorization: Bearer TOKEN` [default: ICECORE_OTLP_BEARER_TOKEN, else none]
+    #[arg(long, value_name = "FILE")]
+    otlp_bearer_token_file: Option<String>,
+
+    /// Timeout of one OTLP export call, like 10s or 500ms [default: OTEL_EXPORTER_OTLP_TIMEOUT, else 10s]
+    #[arg(long, value_name = "DURATION")]
+    otlp_timeout: Option<String>,
+
+    /// Compression of OTLP requests: gzip or none [default: OTEL_EXPORTER_OTLP_COMPRESSION, else gzip]
+    #[arg(long, value_name = "ALGORITHM")]
+    otlp_compression: Option<String>,
+
+    /// service.name of every exported profile [default: OTEL_SERVICE_NAME, else each process's executable name]
+    #[arg(long, value_name = "NAME")]
+    service_name: Option<String>,
 
     /// Directory to write gzipped pprof files to [default: /var/lib/icecore/pprof if no sink is set, else none]
     #[arg(long, value_name = "DIR")]
@@ -86,6 +107,41 @@ impl Cli {
             self.otlp_endpoint.as_deref(),
             validate::otlp_endpoint,
         )?;
+        let otlp_headers = if self.otlp_headers.is_empty() {
+            None
+        } else {
+            let checked: Result<Vec<(String, String)>, ConfigError> = self
+                .otlp_headers
+                .iter()
+                .map(|h| {
+                    // Only the name: the value may be a credential.
+                    let name = h.split('=').next().unwrap_or_default();
+                    export::otlp_header(h).map_err(|e| invalid_flag("otlp-header", name, &e))
+                })
+                .collect();
+            Some(checked?)
+        };
+        let otlp_bearer_token = check(
+            "otlp-bearer-token-file",
+            self.otlp_bearer_token_file.as_deref(),
+            export::token_file,
+        )?
+        .map(BearerToken::File);
+        let otlp_timeout = check(
+            "otlp-timeout",
+            self.otlp_timeout.as_deref(),
+            export::otlp_timeout,
+        )?;
+        let otlp_compression = check(
+            "otlp-compression",
+            self.otlp_compression.as_deref(),
+            export::compression,
+        )?;
+        let service_name = check(
+            "service-name",
+            self.service_name.as_deref(),
+            export::service_name,
+        )?;
         let pprof_dir = match &self.pprof_dir {
             Some(dir) => Some(
                 validate::pprof_dir(PathBuf::from(dir))
@@ -122,6 +178,12 @@ impl Cli {
         let log_level = check("log-level", self.log_level.as_deref(), validate::log_level)?;
         Ok(Settings {
             otlp,
+            otlp_headers,
+            otlp_timeout,
+            otlp_compression,
+            otlp_bearer_token,
+            service_name,
+            resource_attributes: None,
             pprof_dir,
             sampling_frequency_hz,
             reporter_interval,

@@ -5,12 +5,22 @@ use std::path::{Path, PathBuf};
 
 use serde_norway::{Mapping, Value};
 
+use crate::export::{self, BearerToken, EXPECTED_OTLP_HEADERS};
 use crate::validate::{self, EXPECTED_PIDS, Invalid};
+
+const EXPECTED_RESOURCE_MAPPING: &str =
+    "a mapping of attribute names to string values, like {deployment.environment.name: prod}";
 use crate::{ConfigError, Settings};
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 8] = [
+pub const KEYS: [&str; 14] = [
     "otlp_endpoint",
+    "otlp_headers",
+    "otlp_bearer_token_file",
+    "otlp_timeout",
+    "otlp_compression",
+    "service_name",
+    "resource_attributes",
     "pprof_dir",
     "sampling_frequency",
     "reporter_interval",
@@ -70,6 +80,20 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
     let reader = Reader { path, mapping };
     Ok(Settings {
         otlp: reader.string("otlp_endpoint", validate::otlp_endpoint)?,
+        otlp_headers: reader.mapping("otlp_headers", EXPECTED_OTLP_HEADERS, |k, v| {
+            export::header(k, v, EXPECTED_OTLP_HEADERS)
+        })?,
+        otlp_bearer_token: reader
+            .string("otlp_bearer_token_file", export::token_file)?
+            .map(BearerToken::File),
+        otlp_timeout: reader.string("otlp_timeout", export::otlp_timeout)?,
+        otlp_compression: reader.string("otlp_compression", export::compression)?,
+        service_name: reader.string("service_name", export::service_name)?,
+        resource_attributes: reader.mapping(
+            "resource_attributes",
+            EXPECTED_RESOURCE_MAPPING,
+            |k, v| Ok((k.to_owned(), v.to_owned())),
+        )?,
         pprof_dir: reader.string("pprof_dir", |s| validate::pprof_dir(PathBuf::from(s)))?,
         sampling_frequency_hz: reader.integer(
             "sampling_frequency",
@@ -141,6 +165,33 @@ impl Reader<'_> {
             .map_err(|e| self.invalid(key, value, &e))
     }
 
+    /// A mapping of names to scalar values, each pair checked by `check`.
+    fn mapping(
+        &self,
+        key: &'static str,
+        expected: &'static str,
+        check: impl Fn(&str, &str) -> Result<(String, String), Invalid>,
+    ) -> Result<Option<Vec<(String, String)>>, ConfigError> {
+        let Some(value) = self.get(key) else {
+            return Ok(None);
+        };
+        let Value::Mapping(entries) = value else {
+            return Err(self.invalid(key, value, &Invalid::new(expected)));
+        };
+        let mut pairs = Vec::with_capacity(entries.len());
+        for (name, item) in entries {
+            let (Value::String(name), Some(text)) = (name, scalar_text(item)) else {
+                return Err(self.invalid(
+                    key,
+                    item,
+                    &Invalid::because(expected, format!("under {}", describe(name))),
+                ));
+            };
+            pairs.push(check(name, &text).map_err(|e| self.invalid(key, item, &e))?);
+        }
+        Ok(Some(pairs))
+    }
+
     /// The `pids` list; an empty list means every process.
     fn pids(&self) -> Result<Option<Vec<u32>>, ConfigError> {
         let Some(value) = self.get("pids") else {
@@ -188,6 +239,16 @@ fn integer_value<T>(
         },
         Value::String(text) => parse_text(text),
         _ => parse_text(""),
+    }
+}
+
+/// A string, number or boolean as text; `None` for anything else.
+fn scalar_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
     }
 }
 

@@ -2,8 +2,10 @@
 //! their validation into one [`Config`].
 //!
 //! Every setting can come from a flag (`--sampling-frequency 99`), from the
-//! file named by `--config` (`sampling_frequency: 99`), or from its default;
-//! a flag wins over the file, and the file over the default. Values are
+//! file named by `--config` (`sampling_frequency: 99`), for the exporter's
+//! settings from the standard `OTEL_EXPORTER_OTLP_*` variables, or from its
+//! default; a flag wins over the file, the file over the environment, and
+//! the environment over the default. Values are
 //! checked wherever they come from, and a bad one gives an error that names
 //! the setting and the form it accepts.
 //!
@@ -18,6 +20,8 @@
 #![deny(missing_docs)]
 
 mod cli;
+mod env;
+mod export;
 mod file;
 mod validate;
 
@@ -27,6 +31,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use cli::ABOUT;
+pub use env::BEARER_TOKEN_VAR;
+pub use export::{BearerToken, DEFAULT_OTLP_TIMEOUT, OtlpCompression, Secret};
 pub use file::KEYS as CONFIG_FILE_KEYS;
 pub use validate::{
     MAX_REPORTER_INTERVAL, MAX_SAMPLING_FREQUENCY_HZ, MIN_REPORTER_INTERVAL,
@@ -60,6 +66,19 @@ pub struct OtlpEndpoint {
 pub struct Config {
     /// The OTLP collector to export to, if any.
     pub otlp: Option<OtlpEndpoint>,
+    /// gRPC metadata sent with every OTLP request.
+    pub otlp_headers: Vec<(String, String)>,
+    /// Timeout of one OTLP export call.
+    pub otlp_timeout: Duration,
+    /// Compression of OTLP requests.
+    pub otlp_compression: OtlpCompression,
+    /// Bearer token sent as `authorization: Bearer …`, if any.
+    pub otlp_bearer_token: Option<BearerToken>,
+    /// `service.name` for every exported resource, replacing the
+    /// executable name icecore uses by default.
+    pub service_name: Option<String>,
+    /// Attributes added to every exported resource.
+    pub resource_attributes: Vec<(String, String)>,
     /// The directory to write pprof files to, if any.
     pub pprof_dir: Option<PathBuf>,
     /// Whether `pprof_dir` is [`DEFAULT_PPROF_DIR`] because no sink was set.
@@ -125,6 +144,19 @@ pub enum ConfigError {
         /// The 1-based line the key is on, when it could be found.
         line: Option<usize>,
     },
+    /// An environment variable's value is not in the form it accepts.
+    #[error(
+        "invalid environment variable {var}{}: {message}",
+        value.as_ref().map(|v| format!("={v:?}")).unwrap_or_default()
+    )]
+    InvalidEnv {
+        /// The variable's name.
+        var: String,
+        /// The value, unless it may hold a secret.
+        value: Option<String>,
+        /// The accepted form and what is wrong, starting with "expected".
+        message: String,
+    },
     /// A config file value is not in the form its setting accepts.
     #[error("config file {}: {key}: {message}", path.display())]
     InvalidFileValue {
@@ -152,6 +184,12 @@ impl ConfigError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Settings {
     pub otlp: Option<OtlpEndpoint>,
+    pub otlp_headers: Option<Vec<(String, String)>>,
+    pub otlp_timeout: Option<Duration>,
+    pub otlp_compression: Option<OtlpCompression>,
+    pub otlp_bearer_token: Option<BearerToken>,
+    pub service_name: Option<String>,
+    pub resource_attributes: Option<Vec<(String, String)>>,
     pub pprof_dir: Option<PathBuf>,
     pub sampling_frequency_hz: Option<u32>,
     pub reporter_interval: Option<Duration>,
@@ -166,6 +204,12 @@ impl Settings {
     fn over(self, lower: Settings) -> Settings {
         Settings {
             otlp: self.otlp.or(lower.otlp),
+            otlp_headers: self.otlp_headers.or(lower.otlp_headers),
+            otlp_timeout: self.otlp_timeout.or(lower.otlp_timeout),
+            otlp_compression: self.otlp_compression.or(lower.otlp_compression),
+            otlp_bearer_token: self.otlp_bearer_token.or(lower.otlp_bearer_token),
+            service_name: self.service_name.or(lower.service_name),
+            resource_attributes: self.resource_attributes.or(lower.resource_attributes),
             pprof_dir: self.pprof_dir.or(lower.pprof_dir),
             sampling_frequency_hz: self.sampling_frequency_hz.or(lower.sampling_frequency_hz),
             reporter_interval: self.reporter_interval.or(lower.reporter_interval),
@@ -186,6 +230,12 @@ impl Settings {
         };
         Config {
             otlp: self.otlp,
+            otlp_headers: self.otlp_headers.unwrap_or_default(),
+            otlp_timeout: self.otlp_timeout.unwrap_or(DEFAULT_OTLP_TIMEOUT),
+            otlp_compression: self.otlp_compression.unwrap_or_default(),
+            otlp_bearer_token: self.otlp_bearer_token,
+            service_name: self.service_name,
+            resource_attributes: self.resource_attributes.unwrap_or_default(),
             pprof_dir,
             pprof_dir_is_default,
             sampling_frequency_hz: self
@@ -210,11 +260,26 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Parses the command line (args include `argv[0]`) and the optional config file, then validates.
+    /// Parses the command line (args include `argv[0]`), the optional
+    /// config file and the process's `OTEL_*` variables, then validates.
     ///
-    /// A flag overrides the config file's value for the same setting; a
-    /// `--pid` list replaces the file's `pids` list rather than adding to it.
+    /// A flag overrides the config file's value for the same setting, and
+    /// the file the environment's; a list (`--pid`, `--otlp-header`)
+    /// replaces a lower source's list rather than adding to it.
     pub fn from_args<I, T>(args: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        Self::from_args_and_env(args, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::from_args`] with the environment read through `env`
+    /// (a variable's value, `None` when unset).
+    pub fn from_args_and_env<I, T>(
+        args: I,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError>
     where
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
@@ -225,7 +290,8 @@ impl Config {
             Some(path) => file::load(path)?,
             None => Settings::default(),
         };
-        Ok(flags.over(file).resolve())
+        let env = env::settings(env)?;
+        Ok(flags.over(file).over(env).resolve())
     }
 
     /// Reads and validates a config file alone, with defaults for what it

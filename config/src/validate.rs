@@ -50,14 +50,14 @@ pub(crate) struct Invalid {
 }
 
 impl Invalid {
-    fn new(expected: &'static str) -> Self {
+    pub(crate) fn new(expected: &'static str) -> Self {
         Self {
             expected,
             detail: None,
         }
     }
 
-    fn because(expected: &'static str, detail: impl Into<String>) -> Self {
+    pub(crate) fn because(expected: &'static str, detail: impl Into<String>) -> Self {
         Self {
             expected,
             detail: Some(detail.into()),

@@ -10,7 +10,19 @@ use icecore_config::{Config, ConfigError, DEFAULT_PPROF_DIR, OtlpEndpoint};
 use tempfile::NamedTempFile;
 
 fn parse(args: &[&str]) -> Result<Config, ConfigError> {
-    Config::from_args(std::iter::once("icecore").chain(args.iter().copied()))
+    parse_with_env(args, &[])
+}
+
+/// Parses with exactly the given environment variables set.
+fn parse_with_env(args: &[&str], vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    Config::from_args_and_env(
+        std::iter::once("icecore").chain(args.iter().copied()),
+        &move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
+    )
 }
 
 fn ok(args: &[&str]) -> Config {
@@ -176,6 +188,7 @@ fn yaml_file() {
             pids: vec![10, 20],
             http_address: "0.0.0.0:8080".parse().expect("literal"),
             log_level: "debug".into(),
+            ..Config::default()
         }
     );
     assert_eq!(Config::from_file(file.path()).expect("from_file"), config);
@@ -375,7 +388,12 @@ fn clap_errors_help_and_version() {
     assert!(text.contains(icecore_config::ABOUT), "{text}");
     assert!(text.contains("Usage: icecore"), "{text}");
     for (flag, default) in [
-        ("--otlp-endpoint <URL>", "[default: none]"),
+        (
+            "--otlp-endpoint <URL>",
+            "[default: OTEL_EXPORTER_OTLP_ENDPOINT, else none]",
+        ),
+        ("--otlp-timeout <DURATION>", "else 10s]"),
+        ("--otlp-compression <ALGORITHM>", "else gzip]"),
         ("--pprof-dir <DIR>", "[default: /var/lib/icecore/pprof"),
         ("--sampling-frequency <HZ>", "[default: 19]"),
         ("--reporter-interval <DURATION>", "[default: 10s]"),
@@ -402,4 +420,115 @@ fn clap_errors_help_and_version() {
 fn error_exit_codes() {
     let value_error = parse(&["--pid", "0"]).expect_err("pid 0");
     assert_eq!(value_error.exit_code(), 2);
+}
+
+#[test]
+fn exporter_settings_from_flags_file_and_environment() {
+    use icecore_config::{BearerToken, OtlpCompression};
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://from-env:4317"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-env=1"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "1500"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+        ("OTEL_SERVICE_NAME", "env-service"),
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "deployment.environment.name=prod",
+        ),
+        ("ICECORE_OTLP_BEARER_TOKEN", "env-token"),
+    ];
+    // The environment alone.
+    let config = parse_with_env(&[], &env).expect("env");
+    assert_eq!(
+        config.otlp.map(|o| o.url).as_deref(),
+        Some("http://from-env:4317")
+    );
+    assert_eq!(config.otlp_headers, [("x-env".to_owned(), "1".to_owned())]);
+    assert_eq!(config.otlp_timeout, Duration::from_millis(1500));
+    assert_eq!(config.otlp_compression, OtlpCompression::None);
+    assert_eq!(config.service_name.as_deref(), Some("env-service"));
+    assert_eq!(
+        config.resource_attributes,
+        [("deployment.environment.name".to_owned(), "prod".to_owned())]
+    );
+    assert!(
+        matches!(config.otlp_bearer_token, Some(BearerToken::Value(ref s)) if s.expose() == "env-token")
+    );
+    // A config file wins over the environment...
+    let file = yaml(
+        "otlp_endpoint: http://from-file:4317\n\
+         otlp_headers: {x-file: \"2\"}\n\
+         otlp_timeout: 3s\n\
+         otlp_bearer_token_file: /run/secrets/token\n\
+         resource_attributes: {k8s.cluster.name: c1}\n",
+    );
+    let config = parse_with_env(&["--config", path_of(&file)], &env).expect("file");
+    assert_eq!(
+        config.otlp.map(|o| o.url).as_deref(),
+        Some("http://from-file:4317")
+    );
+    assert_eq!(config.otlp_headers, [("x-file".to_owned(), "2".to_owned())]);
+    assert_eq!(config.otlp_timeout, Duration::from_secs(3));
+    assert_eq!(config.otlp_compression, OtlpCompression::None, "from env");
+    assert_eq!(
+        config.otlp_bearer_token,
+        Some(BearerToken::File(PathBuf::from("/run/secrets/token")))
+    );
+    assert_eq!(
+        config.resource_attributes,
+        [("k8s.cluster.name".to_owned(), "c1".to_owned())]
+    );
+    // ...and flags over both.
+    let config = parse_with_env(
+        &[
+            "--config",
+            path_of(&file),
+            "--otlp-endpoint",
+            "https://from-flag:4317",
+            "--otlp-header",
+            "X-Scope-OrgID=a",
+            "--otlp-header=x-other = b c",
+            "--otlp-timeout",
+            "250ms",
+            "--otlp-compression",
+            "gzip",
+            "--service-name",
+            "flag-service",
+        ],
+        &env,
+    )
+    .expect("flags");
+    assert_eq!(
+        config.otlp.map(|o| o.url).as_deref(),
+        Some("https://from-flag:4317")
+    );
+    assert_eq!(
+        config.otlp_headers,
+        [
+            ("X-Scope-OrgID".to_owned(), "a".to_owned()),
+            ("x-other".to_owned(), "b c".to_owned())
+        ]
+    );
+    assert_eq!(config.otlp_timeout, Duration::from_millis(250));
+    assert_eq!(config.otlp_compression, OtlpCompression::Gzip);
+    assert_eq!(config.service_name.as_deref(), Some("flag-service"));
+}
+
+#[test]
+fn exporter_setting_errors_name_the_source_and_hide_secrets() {
+    let message = err(&["--otlp-header", "bad name=s3cret"]);
+    assert!(message.contains("--otlp-header"), "{message}");
+    assert!(!message.contains("s3cret"), "{message}");
+    let message = err(&["--otlp-compression", "zstd"]);
+    assert!(message.contains("gzip or none"), "{message}");
+    let file = yaml("otlp_headers: [a, b]\n");
+    let message = err(&["--config", path_of(&file)]);
+    assert!(message.contains("otlp_headers"), "{message}");
+    let message = parse_with_env(&[], &[("OTEL_EXPORTER_OTLP_COMPRESSION", "br")])
+        .expect_err("bad env value")
+        .to_string();
+    assert!(
+        message.contains("OTEL_EXPORTER_OTLP_COMPRESSION=\"br\""),
+        "{message}"
+    );
 }

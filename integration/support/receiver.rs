@@ -41,6 +41,8 @@ pub struct ReceivedRequest {
     pub arrived: Instant,
     /// The `grpc-encoding` request header (`gzip` expected).
     pub grpc_encoding: Option<String>,
+    /// Every ASCII request header, as (name, value).
+    pub headers: Vec<(String, String)>,
     /// The decompressed protobuf bytes.
     pub raw_len: usize,
     /// The decoded request.
@@ -67,12 +69,17 @@ pub struct OtlpReceiver {
 impl OtlpReceiver {
     /// Binds 127.0.0.1:0 and starts serving on a private tokio runtime.
     pub fn start() -> OtlpReceiver {
+        OtlpReceiver::start_on("127.0.0.1:0".parse().expect("literal address"))
+    }
+
+    /// Binds `addr` and starts serving on a private tokio runtime.
+    pub fn start_on(addr: SocketAddr) -> OtlpReceiver {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind OTLP receiver");
+        let std_listener = std::net::TcpListener::bind(addr).expect("bind OTLP receiver");
         std_listener.set_nonblocking(true).expect("nonblocking");
         let addr = std_listener.local_addr().expect("local addr");
         // Fail here, in the test thread, if the descriptors are unusable.
@@ -285,6 +292,16 @@ impl tonic::server::UnaryService<Vec<u8>> for ExportCall {
                 .get("grpc-encoding")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
+            let headers = request
+                .metadata()
+                .iter()
+                .filter_map(|entry| match entry {
+                    tonic::metadata::KeyAndValueRef::Ascii(k, v) => {
+                        Some((k.to_string(), v.to_str().ok()?.to_string()))
+                    }
+                    tonic::metadata::KeyAndValueRef::Binary(..) => None,
+                })
+                .collect();
             let raw = request.into_inner();
             let decoded = match ExportProfilesServiceRequest::decode(raw.as_slice()) {
                 Ok(r) => r,
@@ -307,6 +324,7 @@ impl tonic::server::UnaryService<Vec<u8>> for ExportCall {
                     arrived_unix_nanos,
                     arrived,
                     grpc_encoding,
+                    headers,
                     raw_len: raw.len(),
                     request: decoded,
                     unknown_fields,

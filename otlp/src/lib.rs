@@ -3,7 +3,8 @@
 //! - [`model`]: what sources hand to sinks ([`model::ProfileBatch`]).
 //! - [`otlp_encode`]: OTLP Profiles v1.10 `ExportProfilesServiceRequest`.
 //! - [`pprof`]: pprof `perftools.profiles.Profile`, plain or gzipped.
-//! - [`export`]: [`OtlpExporter`] (gRPC) and [`PprofDirWriter`] (files).
+//! - [`export`]: [`OtlpPipeline`] (queue and retries around [`OtlpExporter`],
+//!   gRPC) and [`PprofDirWriter`] (files).
 pub mod export;
 pub mod model;
 pub mod otlp_encode;
@@ -11,8 +12,11 @@ pub mod pprof;
 #[cfg(test)]
 mod test_fixtures;
 
-pub use export::{ExportError, ExportOutcome, OtlpExporter, PprofDirWriter};
-pub use otlp_encode::encode_request;
+pub use export::{
+    Compression, ExportError, ExportOutcome, ExportStats, OtlpExporter, OtlpExporterOptions,
+    OtlpPipeline, PprofDirWriter, QueueLimits, RetryPolicy,
+};
+pub use otlp_encode::{ResourceAttributes, encode_request, encode_request_with};
 pub use pprof::{PprofError, encode_gzip, encode_profile};
 
 // Re-exported so users (benchmarks, the binary) encode with the same versions.

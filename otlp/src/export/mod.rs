@@ -2,12 +2,20 @@
 //! Profiles gRPC endpoint, or a directory of gzipped pprof files.
 
 mod otlp;
+mod pipeline;
 mod pprof_dir;
+mod queue;
+mod retry;
 
 use std::path::PathBuf;
 
-pub use otlp::{ExportOutcome, MAX_MESSAGE_BYTES, OtlpExporter};
+pub use otlp::{
+    Accepted, Compression, ExportOutcome, MAX_MESSAGE_BYTES, OtlpExporter, OtlpExporterOptions,
+};
+pub use pipeline::{ExportStats, OtlpPipeline};
 pub use pprof_dir::PprofDirWriter;
+pub use queue::{Dropped, ExportQueue, QueueLimits, QueuedRequest};
+pub use retry::{RetryPolicy, is_retryable};
 
 use crate::pprof::PprofError;
 
@@ -37,6 +45,14 @@ pub enum ExportError {
         /// What tonic reported.
         #[source]
         source: tonic::transport::Error,
+    },
+    /// A configured header cannot be sent as gRPC metadata.
+    #[error("invalid OTLP header {name:?}: {reason}")]
+    InvalidHeader {
+        /// The header's name as given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
     },
     /// The encoded request exceeds the gRPC message size limit.
     #[error("OTLP request is {size} bytes, over the {limit}-byte message limit")]
@@ -86,5 +102,7 @@ pub enum ExportError {
     Pprof(#[from] PprofError),
 }
 
+#[cfg(test)]
+mod pipeline_tests;
 #[cfg(test)]
 mod tests;

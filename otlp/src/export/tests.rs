@@ -50,6 +50,13 @@ impl ProfilesService for Collector {
     }
 }
 
+fn options(endpoint: &str) -> OtlpExporterOptions {
+    OtlpExporterOptions {
+        timeout: Duration::from_secs(1),
+        ..OtlpExporterOptions::new(endpoint)
+    }
+}
+
 fn empty_batch() -> ProfileBatch {
     let mut batch = test_fixtures::batch();
     batch.processes.truncate(0);
@@ -64,20 +71,20 @@ fn endpoint_scheme_is_checked() {
         "unix:///tmp/x",
         "",
     ] {
-        let err = OtlpExporter::new(bad, Duration::from_secs(1)).unwrap_err();
+        let err = OtlpExporter::new(options(bad)).unwrap_err();
         assert!(
             matches!(err, ExportError::UnsupportedScheme { .. }),
             "{bad}: {err}"
         );
         assert!(err.to_string().contains("http://"), "{err}");
     }
-    let err = OtlpExporter::new("http://bad host:4317", Duration::from_secs(1)).unwrap_err();
+    let err = OtlpExporter::new(options("http://bad host:4317")).unwrap_err();
     assert!(matches!(err, ExportError::InvalidEndpoint { .. }), "{err}");
     // No runtime and no server needed: connecting is lazy.
-    let exporter = OtlpExporter::new("HTTP://127.0.0.1:1", Duration::from_secs(1)).unwrap();
+    let exporter = OtlpExporter::new(options("HTTP://127.0.0.1:1")).unwrap();
     assert_eq!(exporter.endpoint(), "HTTP://127.0.0.1:1");
     // https sets up TLS; a host without root certificates gets a TLS error, not a scheme error.
-    match OtlpExporter::new("https://collector.invalid:4317", Duration::from_secs(1)) {
+    match OtlpExporter::new(options("https://collector.invalid:4317")) {
         Ok(_) | Err(ExportError::Tls { .. }) => {}
         Err(e) => panic!("https endpoint: {e}"),
     }
@@ -99,9 +106,11 @@ async fn exports_gzip_request_to_a_real_server() {
             }),
     );
 
-    let exporter = OtlpExporter::new(&format!("http://{addr}"), Duration::from_secs(10))
-        .unwrap()
-        .with_scope_version("9.9.9");
+    let exporter = OtlpExporter::new(OtlpExporterOptions {
+        scope_version: "9.9.9".into(),
+        ..options(&format!("http://{addr}"))
+    })
+    .unwrap();
     assert_eq!(
         exporter.export(&empty_batch()).await.unwrap(),
         ExportOutcome::Empty
@@ -140,7 +149,11 @@ async fn unreachable_collector_is_an_rpc_error() {
         .local_addr()
         .unwrap();
     let endpoint = format!("http://{addr}");
-    let exporter = OtlpExporter::new(&endpoint, Duration::from_secs(2)).unwrap();
+    let exporter = OtlpExporter::new(OtlpExporterOptions {
+        timeout: Duration::from_secs(2),
+        ..options(&endpoint)
+    })
+    .unwrap();
     let err = exporter.export(&test_fixtures::batch()).await.unwrap_err();
     assert!(matches!(err, ExportError::Rpc { .. }), "{err}");
     assert!(err.to_string().contains(&endpoint), "{err}");

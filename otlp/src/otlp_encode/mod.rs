@@ -30,12 +30,33 @@ pub const ATTR_THREAD_NAME: &str = "thread.name";
 /// Sample attribute: the OS thread ID.
 pub const ATTR_THREAD_ID: &str = "thread.id";
 
+/// Resource attributes the user configured for everything icecore sends
+/// (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResourceAttributes {
+    /// Replaces every resource's `service.name` (by default the process's
+    /// executable name).
+    pub service_name: Option<String>,
+    /// Added to every resource, unless icecore sets the same key itself
+    /// (`process.pid`, `host.name`…: what is measured wins over what is said).
+    pub extra: Vec<(String, String)>,
+}
+
 /// Builds the OTLP request for `batch`. `scope_version` becomes the
 /// instrumentation scope's version (normally icecore's version).
 ///
 /// Processes without samples are left out, since a profile must hold at
 /// least one sample; the result may thus have no `resource_profiles`.
 pub fn encode_request(batch: &ProfileBatch, scope_version: &str) -> ExportProfilesServiceRequest {
+    encode_request_with(batch, scope_version, &ResourceAttributes::default())
+}
+
+/// [`encode_request`] with configured resource attributes.
+pub fn encode_request_with(
+    batch: &ProfileBatch,
+    scope_version: &str,
+    configured: &ResourceAttributes,
+) -> ExportProfilesServiceRequest {
     let mut dict = DictBuilder::new();
     let sample_type = ValueType {
         type_strindex: dict.string("samples"),
@@ -66,7 +87,7 @@ pub fn encode_request(batch: &ProfileBatch, scope_version: &str) -> ExportProfil
                 ..Profile::default()
             };
             ResourceProfiles {
-                resource: Some(resource(batch, process)),
+                resource: Some(resource(batch, process, configured)),
                 scope_profiles: vec![ScopeProfiles {
                     scope: Some(InstrumentationScope {
                         name: SCOPE_NAME.to_owned(),
@@ -138,10 +159,18 @@ fn samples<'a>(dict: &mut DictBuilder<'a>, process: &'a ProcessProfile) -> Vec<S
     samples
 }
 
-fn resource(batch: &ProfileBatch, process: &ProcessProfile) -> Resource {
+fn resource(
+    batch: &ProfileBatch,
+    process: &ProcessProfile,
+    configured: &ResourceAttributes,
+) -> Resource {
     let info = &process.process;
+    let service_name = configured
+        .service_name
+        .as_deref()
+        .unwrap_or(&info.service_name);
     let mut attributes = vec![
-        string_kv("service.name", &info.service_name),
+        string_kv("service.name", service_name),
         int_kv("process.pid", i64::from(info.pid)),
         string_kv("process.executable.name", &info.executable_name),
     ];
@@ -150,6 +179,11 @@ fn resource(batch: &ProfileBatch, process: &ProcessProfile) -> Resource {
         attributes.push(string_kv("process.executable.path", &info.executable_path));
     }
     attributes.push(string_kv("host.name", &batch.host_name));
+    for (key, value) in &configured.extra {
+        if !attributes.iter().any(|kv| &kv.key == key) {
+            attributes.push(string_kv(key, value));
+        }
+    }
     Resource {
         attributes,
         ..Resource::default()

@@ -345,3 +345,30 @@ fn request_round_trips_through_prost() {
     let decoded = ExportProfilesServiceRequest::decode(req.encode_to_vec().as_slice()).unwrap();
     assert_eq!(decoded, req);
 }
+
+#[test]
+fn configured_resource_attributes_apply_to_every_resource() {
+    let configured = ResourceAttributes {
+        service_name: Some("checkout".into()),
+        extra: vec![
+            ("deployment.environment.name".into(), "prod".into()),
+            // Measured values win over configured ones.
+            ("process.pid".into(), "1".into()),
+        ],
+    };
+    let req = encode_request_with(&test_fixtures::batch(), "1", &configured);
+    assert_eq!(req.resource_profiles.len(), 2);
+    for rp in &req.resource_profiles {
+        let attrs = &rp.resource.as_ref().unwrap().attributes;
+        assert_eq!(
+            resource_attr(attrs, "service.name"),
+            &Value::StringValue("checkout".into())
+        );
+        assert_eq!(
+            resource_attr(attrs, "deployment.environment.name"),
+            &Value::StringValue("prod".into())
+        );
+        assert!(matches!(resource_attr(attrs, "process.pid"), Value::IntValue(p) if *p != 1));
+        assert_eq!(attrs.iter().filter(|kv| kv.key == "process.pid").count(), 1);
+    }
+}
