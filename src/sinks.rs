@@ -9,7 +9,7 @@ use anyhow::Context;
 use icecore_config::{BearerToken, Config, OtlpCompression};
 use icecore_otlp::{
     Compression, ExportStats, OtlpExporter, OtlpExporterOptions, OtlpPipeline, PprofDirWriter,
-    QueueLimits, ResourceAttributes, RetryPolicy, model::ProfileBatch,
+    QueueLimits, ResourceAttributes, RetryPolicy, TlsOptions, model::ProfileBatch,
 };
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -62,6 +62,16 @@ fn otlp_options(config: &Config, url: &str) -> anyhow::Result<OtlpExporterOption
             service_name: config.service_name.clone(),
             extra: config.resource_attributes.clone(),
         },
+        tls: TlsOptions {
+            ca_file: config.otlp_tls.ca_file.clone(),
+            // Config checks that both or neither are set.
+            client_identity: config
+                .otlp_tls
+                .client_cert
+                .clone()
+                .zip(config.otlp_tls.client_key.clone()),
+            insecure_skip_verify: config.otlp_tls.insecure_skip_verify,
+        },
         ..OtlpExporterOptions::new(url)
     })
 }
@@ -93,8 +103,14 @@ impl Sinks {
         let otlp = match &config.otlp {
             Some(endpoint) => {
                 let options = otlp_options(config, &endpoint.url)?;
+                let insecure = options.tls.insecure_skip_verify;
                 let exporter = OtlpExporter::new(options)
                     .with_context(|| format!("--otlp-endpoint {}", endpoint.url))?;
+                if insecure {
+                    warn!(
+                        "--otlp-insecure-skip-verify: the OTLP endpoint's certificate is not checked"
+                    );
+                }
                 Some(OtlpPipeline::start(
                     exporter,
                     RetryPolicy::default(),

@@ -30,6 +30,22 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "FILE")]
     otlp_bearer_token_file: Option<String>,
 
+    /// PEM file of the CA certificates that sign the endpoint's certificate, instead of the system's [default: OTEL_EXPORTER_OTLP_CERTIFICATE, else none]
+    #[arg(long, value_name = "FILE")]
+    otlp_ca_file: Option<String>,
+
+    /// PEM file of a client certificate, for endpoints requiring mutual TLS [default: OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, else none]
+    #[arg(long, value_name = "FILE")]
+    otlp_client_cert: Option<String>,
+
+    /// PEM file of the client certificate's private key [default: OTEL_EXPORTER_OTLP_CLIENT_KEY, else none]
+    #[arg(long, value_name = "FILE")]
+    otlp_client_key: Option<String>,
+
+    /// Accept any server certificate; for tests against self-signed endpoints only
+    #[arg(long)]
+    otlp_insecure_skip_verify: bool,
+
     /// Timeout of one OTLP export call, like 10s or 500ms [default: OTEL_EXPORTER_OTLP_TIMEOUT, else 10s]
     #[arg(long, value_name = "DURATION")]
     otlp_timeout: Option<String>,
@@ -127,6 +143,21 @@ impl Cli {
             export::token_file,
         )?
         .map(BearerToken::File);
+        let otlp_ca_file = check(
+            "otlp-ca-file",
+            self.otlp_ca_file.as_deref(),
+            export::pem_file,
+        )?;
+        let otlp_client_cert = check(
+            "otlp-client-cert",
+            self.otlp_client_cert.as_deref(),
+            export::pem_file,
+        )?;
+        let otlp_client_key = check(
+            "otlp-client-key",
+            self.otlp_client_key.as_deref(),
+            export::pem_file,
+        )?;
         let otlp_timeout = check(
             "otlp-timeout",
             self.otlp_timeout.as_deref(),
@@ -182,6 +213,10 @@ impl Cli {
             otlp_timeout,
             otlp_compression,
             otlp_bearer_token,
+            otlp_ca_file,
+            otlp_client_cert,
+            otlp_client_key,
+            otlp_insecure_skip_verify: self.otlp_insecure_skip_verify.then_some(true),
             service_name,
             resource_attributes: None,
             pprof_dir,

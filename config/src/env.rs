@@ -8,6 +8,8 @@
 //! | `OTEL_EXPORTER_OTLP_PROFILES_HEADERS`, else `OTEL_EXPORTER_OTLP_HEADERS` | `otlp_headers` |
 //! | `OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT` (ms) | `otlp_timeout` |
 //! | `OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION`, else `OTEL_EXPORTER_OTLP_COMPRESSION` | `otlp_compression` |
+//! | `OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE`, else `OTEL_EXPORTER_OTLP_CERTIFICATE` | `otlp_ca_file` |
+//! | `…_CLIENT_CERTIFICATE`, `…_CLIENT_KEY` (same rule) | `otlp_client_cert`, `otlp_client_key` |
 //! | `OTEL_SERVICE_NAME`, else `service.name` in `OTEL_RESOURCE_ATTRIBUTES` | `service_name` |
 //! | `OTEL_RESOURCE_ATTRIBUTES` | `resource_attributes` |
 //! | `ICECORE_OTLP_BEARER_TOKEN` | the bearer token itself |
@@ -36,6 +38,9 @@ pub(crate) fn settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Settings,
     // Header values are often credentials: never repeat them in errors.
     let otlp_headers = parse(pick("HEADERS"), false, export::otel_headers)?;
     let otlp_timeout = parse(pick("TIMEOUT"), true, export::otel_timeout)?;
+    let otlp_ca_file = parse(pick("CERTIFICATE"), true, export::pem_file)?;
+    let otlp_client_cert = parse(pick("CLIENT_CERTIFICATE"), true, export::pem_file)?;
+    let otlp_client_key = parse(pick("CLIENT_KEY"), true, export::pem_file)?;
     let otlp_compression = parse(pick("COMPRESSION"), true, export::compression)?;
     let resource =
         var("OTEL_RESOURCE_ATTRIBUTES").map(|v| ("OTEL_RESOURCE_ATTRIBUTES".to_owned(), v));
@@ -58,6 +63,9 @@ pub(crate) fn settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Settings,
         otlp_timeout,
         otlp_compression,
         otlp_bearer_token,
+        otlp_ca_file,
+        otlp_client_cert,
+        otlp_client_key,
         service_name,
         resource_attributes,
         ..Settings::default()

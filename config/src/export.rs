@@ -69,6 +69,29 @@ pub enum BearerToken {
     Value(Secret),
 }
 
+/// TLS settings of the OTLP exporter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OtlpTls {
+    /// PEM file of the CA certificates to trust instead of the system's.
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate, for mutual TLS.
+    pub client_cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    pub client_key: Option<PathBuf>,
+    /// Accept any server certificate (tests against self-signed endpoints only).
+    pub insecure_skip_verify: bool,
+}
+
+pub(crate) const EXPECTED_PEM_FILE: &str = "a non-empty path of a PEM file";
+
+/// Checks a PEM file path.
+pub(crate) fn pem_file(text: &str) -> Result<PathBuf, Invalid> {
+    if text.trim().is_empty() || text.contains('\0') {
+        return Err(Invalid::new(EXPECTED_PEM_FILE));
+    }
+    Ok(PathBuf::from(text))
+}
+
 /// Parses a `--otlp-header KEY=VALUE`.
 pub(crate) fn otlp_header(text: &str) -> Result<(String, String), Invalid> {
     let Some((key, value)) = text.split_once('=') else {

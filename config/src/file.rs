@@ -13,10 +13,14 @@ const EXPECTED_RESOURCE_MAPPING: &str =
 use crate::{ConfigError, Settings};
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 14] = [
+pub const KEYS: [&str; 18] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
+    "otlp_ca_file",
+    "otlp_client_cert",
+    "otlp_client_key",
+    "otlp_insecure_skip_verify",
     "otlp_timeout",
     "otlp_compression",
     "service_name",
@@ -86,6 +90,10 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         otlp_bearer_token: reader
             .string("otlp_bearer_token_file", export::token_file)?
             .map(BearerToken::File),
+        otlp_ca_file: reader.string("otlp_ca_file", export::pem_file)?,
+        otlp_client_cert: reader.string("otlp_client_cert", export::pem_file)?,
+        otlp_client_key: reader.string("otlp_client_key", export::pem_file)?,
+        otlp_insecure_skip_verify: reader.boolean("otlp_insecure_skip_verify")?,
         otlp_timeout: reader.string("otlp_timeout", export::otlp_timeout)?,
         otlp_compression: reader.string("otlp_compression", export::compression)?,
         service_name: reader.string("service_name", export::service_name)?,
@@ -163,6 +171,15 @@ impl Reader<'_> {
         integer_value(value, &parse_text, &check_number)
             .map(Some)
             .map_err(|e| self.invalid(key, value, &e))
+    }
+
+    /// A setting written as a YAML boolean.
+    fn boolean(&self, key: &'static str) -> Result<Option<bool>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(self.invalid(key, other, &Invalid::new("true or false"))),
+        }
     }
 
     /// A mapping of names to scalar values, each pair checked by `check`.

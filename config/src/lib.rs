@@ -32,7 +32,7 @@ use std::time::Duration;
 
 pub use cli::ABOUT;
 pub use env::BEARER_TOKEN_VAR;
-pub use export::{BearerToken, DEFAULT_OTLP_TIMEOUT, OtlpCompression, Secret};
+pub use export::{BearerToken, DEFAULT_OTLP_TIMEOUT, OtlpCompression, OtlpTls, Secret};
 pub use file::KEYS as CONFIG_FILE_KEYS;
 pub use validate::{
     MAX_REPORTER_INTERVAL, MAX_SAMPLING_FREQUENCY_HZ, MIN_REPORTER_INTERVAL,
@@ -74,6 +74,8 @@ pub struct Config {
     pub otlp_compression: OtlpCompression,
     /// Bearer token sent as `authorization: Bearer …`, if any.
     pub otlp_bearer_token: Option<BearerToken>,
+    /// TLS settings for an `https://` endpoint.
+    pub otlp_tls: OtlpTls,
     /// `service.name` for every exported resource, replacing the
     /// executable name icecore uses by default.
     pub service_name: Option<String>,
@@ -144,6 +146,12 @@ pub enum ConfigError {
         /// The 1-based line the key is on, when it could be found.
         line: Option<usize>,
     },
+    /// Settings that are each valid contradict each other.
+    #[error("conflicting settings: {message}")]
+    Conflict {
+        /// Which settings and why.
+        message: &'static str,
+    },
     /// An environment variable's value is not in the form it accepts.
     #[error(
         "invalid environment variable {var}{}: {message}",
@@ -188,6 +196,10 @@ pub(crate) struct Settings {
     pub otlp_timeout: Option<Duration>,
     pub otlp_compression: Option<OtlpCompression>,
     pub otlp_bearer_token: Option<BearerToken>,
+    pub otlp_ca_file: Option<PathBuf>,
+    pub otlp_client_cert: Option<PathBuf>,
+    pub otlp_client_key: Option<PathBuf>,
+    pub otlp_insecure_skip_verify: Option<bool>,
     pub service_name: Option<String>,
     pub resource_attributes: Option<Vec<(String, String)>>,
     pub pprof_dir: Option<PathBuf>,
@@ -208,6 +220,12 @@ impl Settings {
             otlp_timeout: self.otlp_timeout.or(lower.otlp_timeout),
             otlp_compression: self.otlp_compression.or(lower.otlp_compression),
             otlp_bearer_token: self.otlp_bearer_token.or(lower.otlp_bearer_token),
+            otlp_ca_file: self.otlp_ca_file.or(lower.otlp_ca_file),
+            otlp_client_cert: self.otlp_client_cert.or(lower.otlp_client_cert),
+            otlp_client_key: self.otlp_client_key.or(lower.otlp_client_key),
+            otlp_insecure_skip_verify: self
+                .otlp_insecure_skip_verify
+                .or(lower.otlp_insecure_skip_verify),
             service_name: self.service_name.or(lower.service_name),
             resource_attributes: self.resource_attributes.or(lower.resource_attributes),
             pprof_dir: self.pprof_dir.or(lower.pprof_dir),
@@ -234,6 +252,12 @@ impl Settings {
             otlp_timeout: self.otlp_timeout.unwrap_or(DEFAULT_OTLP_TIMEOUT),
             otlp_compression: self.otlp_compression.unwrap_or_default(),
             otlp_bearer_token: self.otlp_bearer_token,
+            otlp_tls: OtlpTls {
+                ca_file: self.otlp_ca_file,
+                client_cert: self.otlp_client_cert,
+                client_key: self.otlp_client_key,
+                insecure_skip_verify: self.otlp_insecure_skip_verify.unwrap_or(false),
+            },
             service_name: self.service_name,
             resource_attributes: self.resource_attributes.unwrap_or_default(),
             pprof_dir,
@@ -291,13 +315,35 @@ impl Config {
             None => Settings::default(),
         };
         let env = env::settings(env)?;
-        Ok(flags.over(file).over(env).resolve())
+        flags.over(file).over(env).resolve().checked()
+    }
+
+    /// Checks settings that must agree with each other.
+    fn checked(self) -> Result<Config, ConfigError> {
+        let tls = &self.otlp_tls;
+        let problem = if tls.client_cert.is_some() != tls.client_key.is_some() {
+            Some(
+                "a client certificate needs its key and a key its certificate (otlp_client_cert, otlp_client_key)",
+            )
+        } else if tls.ca_file.is_some() && tls.insecure_skip_verify {
+            Some("otlp_ca_file and otlp_insecure_skip_verify contradict each other")
+        } else if (tls.ca_file.is_some() || tls.client_cert.is_some() || tls.insecure_skip_verify)
+            && self.otlp.as_ref().is_some_and(|o| !o.tls)
+        {
+            Some("TLS settings are given but the OTLP endpoint is http://; use https://")
+        } else {
+            None
+        };
+        match problem {
+            Some(message) => Err(ConfigError::Conflict { message }),
+            None => Ok(self),
+        }
     }
 
     /// Reads and validates a config file alone, with defaults for what it
     /// leaves out, as if it were given by `--config` with no other flags.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
-        Ok(file::load(path)?.resolve())
+        file::load(path)?.resolve().checked()
     }
 
     /// The clap command behind [`Config::from_args`], e.g. to render help.

@@ -532,3 +532,65 @@ fn exporter_setting_errors_name_the_source_and_hide_secrets() {
         "{message}"
     );
 }
+
+#[test]
+fn tls_settings_and_their_conflicts() {
+    let config = parse_with_env(
+        &[
+            "--otlp-endpoint",
+            "https://collector:4317",
+            "--otlp-client-cert",
+            "/etc/icecore/client.pem",
+        ],
+        &[(
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            "/etc/icecore/client-key.pem",
+        )],
+    )
+    .expect("cert from a flag, key from the environment");
+    assert_eq!(
+        config.otlp_tls.client_key,
+        Some(PathBuf::from("/etc/icecore/client-key.pem"))
+    );
+    let file = yaml("otlp_endpoint: https://c:4317\notlp_insecure_skip_verify: true\n");
+    assert!(
+        ok(&["--config", path_of(&file)])
+            .otlp_tls
+            .insecure_skip_verify
+    );
+    for (args, needle) in [
+        (
+            &[
+                "--otlp-endpoint",
+                "https://c:4317",
+                "--otlp-client-key",
+                "/k.pem",
+            ][..],
+            "client certificate",
+        ),
+        (
+            &[
+                "--otlp-endpoint",
+                "https://c:4317",
+                "--otlp-ca-file",
+                "/ca.pem",
+                "--otlp-insecure-skip-verify",
+            ][..],
+            "contradict",
+        ),
+        (
+            &[
+                "--otlp-endpoint",
+                "http://c:4317",
+                "--otlp-ca-file",
+                "/ca.pem",
+            ][..],
+            "use https://",
+        ),
+    ] {
+        let message = err(args);
+        assert!(message.contains(needle), "{args:?}: {message}");
+    }
+    let file = yaml("otlp_insecure_skip_verify: yes please\n");
+    assert!(err(&["--config", path_of(&file)]).contains("true or false"));
+}

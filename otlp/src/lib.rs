@@ -14,7 +14,7 @@ mod test_fixtures;
 
 pub use export::{
     Compression, ExportError, ExportOutcome, ExportStats, OtlpExporter, OtlpExporterOptions,
-    OtlpPipeline, PprofDirWriter, QueueLimits, RetryPolicy,
+    OtlpPipeline, PprofDirWriter, QueueLimits, RetryPolicy, TlsOptions,
 };
 pub use otlp_encode::{ResourceAttributes, encode_request, encode_request_with};
 pub use pprof::{PprofError, encode_gzip, encode_profile};

@@ -6,6 +6,7 @@ mod pipeline;
 mod pprof_dir;
 mod queue;
 mod retry;
+mod tls;
 
 use std::path::PathBuf;
 
@@ -16,6 +17,7 @@ pub use pipeline::{ExportStats, OtlpPipeline};
 pub use pprof_dir::PprofDirWriter;
 pub use queue::{Dropped, ExportQueue, QueueLimits, QueuedRequest};
 pub use retry::{RetryPolicy, is_retryable};
+pub use tls::TlsOptions;
 
 use crate::pprof::PprofError;
 
@@ -53,6 +55,29 @@ pub enum ExportError {
         name: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// A CA, certificate or key file for TLS cannot be read.
+    #[error("cannot read TLS file {}", path.display())]
+    TlsFile {
+        /// The file.
+        path: PathBuf,
+        /// The OS error, or why the content is not PEM.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A CA file was given together with skipping server verification.
+    #[error(
+        "OTLP endpoint {endpoint:?}: a CA file and skipping certificate verification contradict each other"
+    )]
+    TlsConflict {
+        /// The endpoint as given.
+        endpoint: String,
+    },
+    /// TLS options were given for an `http://` (plaintext) endpoint.
+    #[error("TLS options are set but OTLP endpoint {endpoint:?} is plaintext; use https://")]
+    TlsOptionsWithoutTls {
+        /// The endpoint as given.
+        endpoint: String,
     },
     /// The encoded request exceeds the gRPC message size limit.
     #[error("OTLP request is {size} bytes, over the {limit}-byte message limit")]
@@ -106,3 +131,5 @@ pub enum ExportError {
 mod pipeline_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

@@ -14,9 +14,10 @@ use prost::Message;
 use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, MetadataMap};
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Channel, Endpoint};
 
 use super::ExportError;
+use super::tls::TlsOptions;
 use crate::model::ProfileBatch;
 use crate::otlp_encode::{ResourceAttributes, encode_request_with};
 
@@ -52,6 +53,8 @@ pub struct OtlpExporterOptions {
     pub scope_version: String,
     /// Resource attributes added to every profile's resource.
     pub resource: ResourceAttributes,
+    /// Certificate checks and client certificate for `https://` endpoints.
+    pub tls: TlsOptions,
 }
 
 impl OtlpExporterOptions {
@@ -65,6 +68,7 @@ impl OtlpExporterOptions {
             compression: Compression::Gzip,
             scope_version: env!("CARGO_PKG_VERSION").to_owned(),
             resource: ResourceAttributes::default(),
+            tls: TlsOptions::default(),
         }
     }
 }
@@ -135,12 +139,11 @@ impl OtlpExporter {
             .timeout(options.timeout)
             .connect_timeout(options.timeout);
         if tls {
-            config = config
-                .tls_config(ClientTlsConfig::new().with_native_roots())
-                .map_err(|source| ExportError::Tls {
-                    endpoint: endpoint.clone(),
-                    source,
-                })?;
+            config = super::tls::configure(endpoint, config, &options.tls)?;
+        } else if options.tls.is_customised() {
+            return Err(ExportError::TlsOptionsWithoutTls {
+                endpoint: endpoint.clone(),
+            });
         }
         let metadata = metadata(&options.headers)?;
         Ok(Self {
