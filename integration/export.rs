@@ -23,9 +23,10 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::fixture::Mode;
+use support::python_otlp::PythonReceiver;
 use support::receiver::OtlpReceiver;
 use support::run::{EXIT_GRACE, Target, base_args_at, duration_args, s};
-use support::summary::total;
+use support::summary::{inclusive, pct, total};
 use support::{HZ, Icecore, otlp, pprof, require_root, serial};
 
 /// The endpoint is down for the first seconds of the run; every sample the
@@ -115,4 +116,61 @@ fn samples_survive_an_endpoint_outage() {
         !stderr.contains("s3cret-token"),
         "the token leaked into the logs"
     );
+}
+
+/// The official Python bindings (PyPI `opentelemetry-proto`) receive the
+/// export over gRPC and decode the same samples the pprof sink wrote.
+#[test]
+fn the_official_python_bindings_decode_the_export() {
+    const TEST: &str = "the_official_python_bindings_decode_the_export";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    const RUN: Duration = Duration::from_secs(6);
+    let target = Target::start(Mode::Cycle);
+    let receiver = PythonReceiver::start(target.dir());
+    let pprof_dir = target.make_subdir("pprof");
+    let mut args = base_args_at(target.pid(), HZ);
+    args.extend([
+        s("--otlp-endpoint"),
+        format!("http://127.0.0.1:{}", receiver.port),
+        s("--service-name"),
+        s("checkout"),
+        s("--pprof-dir"),
+        s(pprof_dir.display()),
+    ]);
+    args.extend(duration_args(RUN));
+    let mut icecore = Icecore::spawn(&args, target.dir());
+    icecore.wait_success(RUN + EXIT_GRACE);
+
+    let written = pprof::read_valid(&pprof_dir, HZ);
+    let summary = receiver.summary();
+    println!("Python receiver decoded: {summary}");
+    assert_eq!(summary["problems"], serde_json::json!([]));
+    let samples = summary["samples"].as_u64().unwrap();
+    assert_eq!(samples, total(&written.samples), "Python vs pprof totals");
+    assert_eq!(
+        summary["requests"].as_u64().unwrap(),
+        written.profiles.len() as u64
+    );
+    let python = |f: &str| summary["inclusive"][f].as_u64().unwrap_or(0);
+    for function in ["main", "hot_alpha", "warm_beta"] {
+        assert_eq!(
+            python(function),
+            inclusive(&written.samples, function),
+            "{function}: Python vs pprof"
+        );
+    }
+    let alpha = pct(
+        python("hot_alpha"),
+        python("hot_alpha") + python("warm_beta"),
+    );
+    assert!((alpha - 75.0).abs() <= 5.0, "hot_alpha share {alpha:.1}%");
+    let resources = summary["resources"].as_array().unwrap();
+    assert!(!resources.is_empty());
+    for resource in resources {
+        assert_eq!(resource["service.name"], "checkout");
+        assert_eq!(resource["process.pid"], i64::from(target.pid()));
+    }
 }
