@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Context;
 use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
-use icecore_otlp::ExportStats;
+use icecore_otlp::{ExportStats, receive::ReceiverStats};
 use icecore_receiver::{Counter, ProfilerStats};
 use tracing::{info, warn};
 
@@ -20,6 +20,8 @@ pub struct Sources {
     pub profiler: Arc<Mutex<ProfilerStats>>,
     /// The OTLP exporter's counters, when one is configured.
     pub otlp: Option<Arc<ExportStats>>,
+    /// The OTLP receiver's counters, when it runs.
+    pub receiver: Option<Arc<ReceiverStats>>,
 }
 
 /// Binds the address and serves until the runtime shuts down.
@@ -51,7 +53,35 @@ async fn metrics(State(sources): State<Sources>) -> impl IntoResponse {
     if let Some(otlp) = &sources.otlp {
         render_export(&mut text, otlp);
     }
+    if let Some(receiver) = &sources.receiver {
+        render_receiver(&mut text, receiver);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// Prometheus text exposition of the OTLP receiver's counters.
+fn render_receiver(out: &mut String, stats: &ReceiverStats) {
+    let _ = writeln!(
+        out,
+        "# HELP icecore_receiver_requests_total OTLP requests received, by outcome.\n# TYPE icecore_receiver_requests_total counter"
+    );
+    for (outcome, counter) in [
+        ("accepted", &stats.accepted_requests),
+        ("invalid", &stats.invalid_requests),
+        ("unauthenticated", &stats.unauthenticated_requests),
+        ("overloaded", &stats.overloaded_requests),
+    ] {
+        let _ = writeln!(
+            out,
+            "icecore_receiver_requests_total{{outcome=\"{outcome}\"}} {}",
+            counter.load(Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP icecore_receiver_samples_total Samples in accepted OTLP requests.\n# TYPE icecore_receiver_samples_total counter\nicecore_receiver_samples_total {}",
+        stats.accepted_samples.load(Relaxed)
+    );
 }
 
 /// Prometheus text exposition of the OTLP exporter's counters.

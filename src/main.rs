@@ -4,6 +4,7 @@
 //! (`icecore-otlp`) according to the settings (`icecore-config`).
 
 mod http;
+mod otlp_listen;
 mod shutdown;
 mod sinks;
 
@@ -71,17 +72,34 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
     let options = ProfilerOptions::new(sampler, config.reporter_interval);
     let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;
+    let mut receiver_stats = None;
+    let received = match config.otlp_listen {
+        Some(address) => {
+            let auth = match &config.otlp_listen_bearer_token_file {
+                Some(path) => icecore_otlp::receive::ReceiverAuth::bearer(
+                    &sinks::read_token(path).with_context(|| {
+                        format!("--otlp-listen-bearer-token-file {}", path.display())
+                    })?,
+                ),
+                None => icecore_otlp::receive::ReceiverAuth::default(),
+            };
+            let (tx, rx) = mpsc::channel(otlp_listen::FORWARD_QUEUE);
+            receiver_stats = Some(otlp_listen::serve(address, auth, tx).await?);
+            Some(rx)
+        }
+        None => None,
+    };
     http::serve(
         config.http_address,
         http::Sources {
             profiler: profiler.stats(),
             otlp: sinks.otlp_stats(),
+            receiver: receiver_stats,
         },
     )
     .await?;
-
     let (batches_tx, batches_rx) = mpsc::channel(BATCH_QUEUE);
-    let sink_task = tokio::spawn(sinks.run(batches_rx));
+    let sink_task = tokio::spawn(sinks.run(batches_rx, received));
     let stats = profiler
         .run(shutdown::signal_or_deadline(config.duration), batches_tx)
         .await;

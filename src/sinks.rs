@@ -10,6 +10,7 @@ use icecore_config::{BearerToken, Config, OtlpCompression};
 use icecore_otlp::{
     Compression, ExportStats, OtlpExporter, OtlpExporterOptions, OtlpPipeline, PprofDirWriter,
     QueueLimits, ResourceAttributes, RetryPolicy, TlsOptions, model::ProfileBatch,
+    receive::ReceivedProfiles,
 };
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -76,7 +77,8 @@ fn otlp_options(config: &Config, url: &str) -> anyhow::Result<OtlpExporterOption
     })
 }
 
-fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
+/// Reads a bearer token file: at most 64 KiB, printable ASCII, trimmed.
+pub fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
     use std::io::Read;
     let mut text = String::new();
     std::fs::File::open(path)
@@ -159,43 +161,43 @@ impl Sinks {
 
     /// Delivers batches until the source closes the channel, then sends
     /// what the OTLP queue still holds.
-    pub async fn run(self, mut batches: mpsc::Receiver<ProfileBatch>) -> SinkReport {
+    pub async fn run(
+        self,
+        mut batches: mpsc::Receiver<ProfileBatch>,
+        mut received: Option<mpsc::Receiver<ReceivedProfiles>>,
+    ) -> SinkReport {
         let mut report = SinkReport::default();
-        while let Some(batch) = batches.recv().await {
-            let batch = Arc::new(batch);
-            let samples = batch.sample_count();
-            let pprof = self.pprof.clone().map(|writer| {
-                let batch = batch.clone();
-                tokio::task::spawn_blocking(move || writer.write(&batch))
-            });
-            if let Some(otlp) = &self.otlp {
-                // Queued; the pipeline sends, retries and counts.
-                otlp.submit(&batch);
-            }
-            if let Some(task) = pprof {
-                match task.await {
-                    Ok(Ok(Some(path))) => {
-                        report.batches_ok += 1;
-                        debug!(samples, path = %path.display(), "pprof written");
+        loop {
+            // Local batches until the source stops; received OTLP meanwhile.
+            let delivery = tokio::select! {
+                batch = batches.recv() => match batch {
+                    Some(batch) => Delivery::Local(batch),
+                    None => break,
+                },
+                Some(profiles) = async {
+                    match received.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
                     }
-                    Ok(Ok(None)) => {}
-                    Ok(Err(e)) => {
-                        report.batches_failed += 1;
-                        warn!("writing pprof failed: {e}");
+                } => Delivery::Received(profiles),
+            };
+            let batch = match delivery {
+                Delivery::Local(batch) => {
+                    if let Some(otlp) = &self.otlp {
+                        // Queued; the pipeline sends, retries and counts.
+                        otlp.submit(&batch);
                     }
-                    Err(e) => {
-                        report.batches_failed += 1;
-                        warn!("pprof writer task failed: {e}");
-                    }
+                    batch
                 }
-            }
-            if samples > 0 {
-                debug!(
-                    samples,
-                    processes = batch.processes.len(),
-                    "batch delivered"
-                );
-            }
+                Delivery::Received(profiles) => {
+                    if let Some(otlp) = &self.otlp {
+                        // Forwarded as received: its resources are the sender's.
+                        otlp.submit_encoded(profiles.body, profiles.samples);
+                    }
+                    profiles.converted.batch
+                }
+            };
+            self.write_pprof(Arc::new(batch), &mut report).await;
         }
         if let Some(otlp) = self.otlp {
             let stats = otlp.shutdown(OTLP_SHUTDOWN_GRACE).await;
@@ -204,4 +206,35 @@ impl Sinks {
         }
         report
     }
+
+    async fn write_pprof(&self, batch: Arc<ProfileBatch>, report: &mut SinkReport) {
+        let Some(writer) = self.pprof.clone() else {
+            return;
+        };
+        let samples = batch.sample_count();
+        let task = tokio::task::spawn_blocking(move || writer.write(&batch));
+        match task.await {
+            Ok(Ok(Some(path))) => {
+                report.batches_ok += 1;
+                debug!(samples, path = %path.display(), "pprof written");
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => {
+                report.batches_failed += 1;
+                warn!("writing pprof failed: {e}");
+            }
+            Err(e) => {
+                report.batches_failed += 1;
+                warn!("pprof writer task failed: {e}");
+            }
+        }
+    }
+}
+
+/// What reaches the sinks.
+enum Delivery {
+    /// A batch of this host's profiler.
+    Local(ProfileBatch),
+    /// A request the OTLP receiver accepted.
+    Received(ReceivedProfiles),
 }

@@ -58,6 +58,14 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "NAME")]
     service_name: Option<String>,
 
+    /// Serve an OTLP Profiles receiver (gRPC and HTTP /v1development/profiles) on IP:PORT, or PORT on 127.0.0.1, and forward what it gets to the sinks [default: off]
+    #[arg(long, value_name = "ADDR")]
+    otlp_listen: Option<String>,
+
+    /// File holding the bearer token the receiver requires from its clients [default: none]
+    #[arg(long, value_name = "FILE")]
+    otlp_listen_bearer_token_file: Option<String>,
+
     /// Directory to write gzipped pprof files to [default: /var/lib/icecore/pprof if no sink is set, else none]
     #[arg(long, value_name = "DIR")]
     pprof_dir: Option<OsString>,
@@ -173,6 +181,16 @@ impl Cli {
             self.service_name.as_deref(),
             export::service_name,
         )?;
+        let otlp_listen = check(
+            "otlp-listen",
+            self.otlp_listen.as_deref(),
+            export::listen_address,
+        )?;
+        let otlp_listen_bearer_token_file = check(
+            "otlp-listen-bearer-token-file",
+            self.otlp_listen_bearer_token_file.as_deref(),
+            export::token_file,
+        )?;
         let pprof_dir = match &self.pprof_dir {
             Some(dir) => Some(
                 validate::pprof_dir(PathBuf::from(dir))
@@ -219,6 +237,8 @@ impl Cli {
             otlp_insecure_skip_verify: self.otlp_insecure_skip_verify.then_some(true),
             service_name,
             resource_attributes: None,
+            otlp_listen,
+            otlp_listen_bearer_token_file,
             pprof_dir,
             sampling_frequency_hz,
             reporter_interval,

@@ -92,6 +92,21 @@ pub(crate) fn pem_file(text: &str) -> Result<PathBuf, Invalid> {
     Ok(PathBuf::from(text))
 }
 
+pub(crate) const EXPECTED_LISTEN_ADDRESS: &str =
+    "an IP socket address like 127.0.0.1:4317, or a port alone (then on 127.0.0.1)";
+
+/// Parses the OTLP receiver's listen address; a bare port (`4317` or
+/// `:4317`) binds loopback, so exposing the receiver is always explicit.
+pub(crate) fn listen_address(text: &str) -> Result<std::net::SocketAddr, Invalid> {
+    let text = text.trim();
+    let port = text.strip_prefix(':').unwrap_or(text);
+    if let Ok(port) = port.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse()
+        .map_err(|_| Invalid::new(EXPECTED_LISTEN_ADDRESS))
+}
+
 /// Parses a `--otlp-header KEY=VALUE`.
 pub(crate) fn otlp_header(text: &str) -> Result<(String, String), Invalid> {
     let Some((key, value)) = text.split_once('=') else {
@@ -287,6 +302,28 @@ mod tests {
                 ("k8s.node.name".to_owned(), "nöde".to_owned())
             ]
         );
+    }
+
+    #[test]
+    fn listen_addresses_default_to_loopback() {
+        assert_eq!(
+            listen_address("4317").unwrap().to_string(),
+            "127.0.0.1:4317"
+        );
+        assert_eq!(
+            listen_address(":4318").unwrap().to_string(),
+            "127.0.0.1:4318"
+        );
+        assert_eq!(
+            listen_address("0.0.0.0:4317").unwrap().to_string(),
+            "0.0.0.0:4317"
+        );
+        assert_eq!(
+            listen_address("[::1]:4317").unwrap().to_string(),
+            "[::1]:4317"
+        );
+        assert!(listen_address("localhost:4317").is_err());
+        assert!(listen_address("99999").is_err());
     }
 
     #[test]

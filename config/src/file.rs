@@ -13,7 +13,7 @@ const EXPECTED_RESOURCE_MAPPING: &str =
 use crate::{ConfigError, Settings};
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 18] = [
+pub const KEYS: [&str; 20] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -25,6 +25,8 @@ pub const KEYS: [&str; 18] = [
     "otlp_compression",
     "service_name",
     "resource_attributes",
+    "otlp_listen",
+    "otlp_listen_bearer_token_file",
     "pprof_dir",
     "sampling_frequency",
     "reporter_interval",
@@ -102,6 +104,9 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
             EXPECTED_RESOURCE_MAPPING,
             |k, v| Ok((k.to_owned(), v.to_owned())),
         )?,
+        otlp_listen: reader.string("otlp_listen", export::listen_address)?,
+        otlp_listen_bearer_token_file: reader
+            .string("otlp_listen_bearer_token_file", export::token_file)?,
         pprof_dir: reader.string("pprof_dir", |s| validate::pprof_dir(PathBuf::from(s)))?,
         sampling_frequency_hz: reader.integer(
             "sampling_frequency",

@@ -81,6 +81,10 @@ pub struct Config {
     pub service_name: Option<String>,
     /// Attributes added to every exported resource.
     pub resource_attributes: Vec<(String, String)>,
+    /// Where to serve the OTLP Profiles receiver (gRPC and HTTP), if at all.
+    pub otlp_listen: Option<SocketAddr>,
+    /// Token file the receiver's clients must present as `Bearer`, if any.
+    pub otlp_listen_bearer_token_file: Option<PathBuf>,
     /// The directory to write pprof files to, if any.
     pub pprof_dir: Option<PathBuf>,
     /// Whether `pprof_dir` is [`DEFAULT_PPROF_DIR`] because no sink was set.
@@ -202,6 +206,8 @@ pub(crate) struct Settings {
     pub otlp_insecure_skip_verify: Option<bool>,
     pub service_name: Option<String>,
     pub resource_attributes: Option<Vec<(String, String)>>,
+    pub otlp_listen: Option<SocketAddr>,
+    pub otlp_listen_bearer_token_file: Option<PathBuf>,
     pub pprof_dir: Option<PathBuf>,
     pub sampling_frequency_hz: Option<u32>,
     pub reporter_interval: Option<Duration>,
@@ -228,6 +234,10 @@ impl Settings {
                 .or(lower.otlp_insecure_skip_verify),
             service_name: self.service_name.or(lower.service_name),
             resource_attributes: self.resource_attributes.or(lower.resource_attributes),
+            otlp_listen: self.otlp_listen.or(lower.otlp_listen),
+            otlp_listen_bearer_token_file: self
+                .otlp_listen_bearer_token_file
+                .or(lower.otlp_listen_bearer_token_file),
             pprof_dir: self.pprof_dir.or(lower.pprof_dir),
             sampling_frequency_hz: self.sampling_frequency_hz.or(lower.sampling_frequency_hz),
             reporter_interval: self.reporter_interval.or(lower.reporter_interval),
@@ -260,6 +270,8 @@ impl Settings {
             },
             service_name: self.service_name,
             resource_attributes: self.resource_attributes.unwrap_or_default(),
+            otlp_listen: self.otlp_listen,
+            otlp_listen_bearer_token_file: self.otlp_listen_bearer_token_file,
             pprof_dir,
             pprof_dir_is_default,
             sampling_frequency_hz: self
@@ -327,6 +339,10 @@ impl Config {
             )
         } else if tls.ca_file.is_some() && tls.insecure_skip_verify {
             Some("otlp_ca_file and otlp_insecure_skip_verify contradict each other")
+        } else if self.otlp_listen_bearer_token_file.is_some() && self.otlp_listen.is_none() {
+            Some("otlp_listen_bearer_token_file is set but otlp_listen is not")
+        } else if self.otlp_listen.is_some() && self.otlp_listen == Some(self.http_address) {
+            Some("otlp_listen and http_address are the same address")
         } else if (tls.ca_file.is_some() || tls.client_cert.is_some() || tls.insecure_skip_verify)
             && self.otlp.as_ref().is_some_and(|o| !o.tls)
         {

@@ -403,11 +403,15 @@ fn clap_errors_help_and_version() {
         ("--config <FILE>", "[default: none]"),
         ("--log-level <LEVEL>", "[default: info]"),
     ] {
-        let line = text
-            .lines()
-            .find(|l| l.contains(flag))
+        // The flag's entry: its line and the description lines under it
+        // (clap puts long descriptions on their own lines).
+        let start = text
+            .find(flag)
             .unwrap_or_else(|| panic!("no {flag} in {text}"));
-        assert!(line.contains(default), "{line}");
+        let rest = &text[start + flag.len()..];
+        let entry = &rest[..rest.find("\n  -").unwrap_or(rest.len())];
+        let entry: String = entry.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(entry.contains(default), "{flag}: {entry}");
     }
     assert_eq!(
         cli(&["--version"]).kind(),

@@ -9,6 +9,7 @@ pub mod export;
 pub mod model;
 pub mod otlp_encode;
 pub mod pprof;
+pub mod receive;
 #[cfg(test)]
 mod test_fixtures;
 

@@ -1,0 +1,283 @@
+//! Converts a validated OTLP request into the profile model, so the sinks
+//! that do not speak OTLP (pprof files, Parca) can take it.
+//!
+//! Only CPU profiles convert (sample type `samples/count` or
+//! `cpu/nanoseconds`): the model is a CPU profile. Other profiles are still
+//! forwarded to OTLP sinks as received, and counted as not converted.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+use opentelemetry_proto::tonic::profiles::v1development::{Profile, ProfilesDictionary};
+
+use crate::model::{
+    Frame, FrameKind, Line, Mapping, ProcessInfo, ProcessProfile, ProfileBatch, SampleGroup,
+};
+use crate::otlp_encode::{ATTR_BUILD_ID_GNU, ATTR_FRAME_TYPE, ATTR_THREAD_ID, ATTR_THREAD_NAME};
+
+/// The model of a request, and how many of its profiles did not convert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Converted {
+    /// The CPU profiles, one process per resource.
+    pub batch: ProfileBatch,
+    /// Profiles left out because they are not CPU profiles.
+    pub skipped_profiles: usize,
+}
+
+/// Converts `request`, which [`super::validate`] accepted (indices are in
+/// range; an out-of-range one would only lose a frame or a name here).
+pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
+    let empty = ProfilesDictionary::default();
+    let dict = request.dictionary.as_ref().unwrap_or(&empty);
+    let mut frames = FrameCache::new(dict);
+    let mut processes = Vec::new();
+    let mut skipped_profiles = 0;
+    let (mut start, mut end, mut period) = (u64::MAX, 0u64, 0i64);
+    let mut host_name: Arc<str> = Arc::from("");
+    for resource in &request.resource_profiles {
+        let attrs = resource
+            .resource
+            .as_ref()
+            .map(|r| r.attributes.as_slice())
+            .unwrap_or_default();
+        if let Some(host) = string_attr(attrs, "host.name") {
+            host_name = Arc::from(host);
+        }
+        let mut samples = Vec::new();
+        for profile in resource.scope_profiles.iter().flat_map(|s| &s.profiles) {
+            if !is_cpu_profile(profile, dict) {
+                skipped_profiles += 1;
+                continue;
+            }
+            start = start.min(profile.time_unix_nano);
+            end = end.max(profile.time_unix_nano.saturating_add(profile.duration_nano));
+            if period == 0 {
+                period = profile.period;
+            }
+            for sample in &profile.samples {
+                let stack = frames.stack(sample.stack_index);
+                let (mut thread_id, mut thread_name) = (0u32, Arc::<str>::from(""));
+                for &a in &sample.attribute_indices {
+                    let Some(attr) = dict.attribute_table.get(a as usize) else {
+                        continue;
+                    };
+                    let key = string(dict, attr.key_strindex);
+                    match (key, attr.value.as_ref().and_then(|v| v.value.as_ref())) {
+                        (ATTR_THREAD_ID, Some(any_value::Value::IntValue(id))) => {
+                            thread_id = u32::try_from(*id).unwrap_or(0);
+                        }
+                        (ATTR_THREAD_NAME, Some(any_value::Value::StringValue(name))) => {
+                            thread_name = Arc::from(name.as_str());
+                        }
+                        _ => {}
+                    }
+                }
+                // Values-only samples count their values; the model counts
+                // timestamps, so they get the profile's start time.
+                let timestamps = if sample.timestamps_unix_nano.is_empty() {
+                    let count: i64 = sample.values.iter().sum();
+                    vec![profile.time_unix_nano; usize::try_from(count).unwrap_or(0)]
+                } else {
+                    sample.timestamps_unix_nano.clone()
+                };
+                if !timestamps.is_empty() {
+                    samples.push(SampleGroup {
+                        stack: stack.clone(),
+                        thread_id,
+                        thread_name,
+                        timestamps_unix_nanos: timestamps,
+                    });
+                }
+            }
+        }
+        if samples.is_empty() {
+            continue;
+        }
+        let executable_name = string_attr(attrs, "process.executable.name").unwrap_or("");
+        processes.push(ProcessProfile {
+            process: ProcessInfo {
+                pid: int_attr(attrs, "process.pid")
+                    .and_then(|p| u32::try_from(p).ok())
+                    .unwrap_or(0),
+                executable_name: Arc::from(executable_name),
+                executable_path: Arc::from(
+                    string_attr(attrs, "process.executable.path").unwrap_or(""),
+                ),
+                service_name: Arc::from(
+                    string_attr(attrs, "service.name").unwrap_or(executable_name),
+                ),
+            },
+            samples,
+        });
+    }
+    if start == u64::MAX {
+        start = 0;
+    }
+    Converted {
+        batch: ProfileBatch {
+            start_unix_nanos: start,
+            duration_nanos: end.saturating_sub(start),
+            period_nanos: period,
+            host_name,
+            processes,
+        },
+        skipped_profiles,
+    }
+}
+
+fn is_cpu_profile(profile: &Profile, dict: &ProfilesDictionary) -> bool {
+    profile.sample_type.as_ref().is_none_or(|t| {
+        matches!(
+            (string(dict, t.type_strindex), string(dict, t.unit_strindex)),
+            ("samples" | "sample", "count") | ("cpu", "nanoseconds") | ("", "")
+        )
+    })
+}
+
+fn string(dict: &ProfilesDictionary, index: i32) -> &str {
+    dict.string_table
+        .get(usize::try_from(index).unwrap_or(usize::MAX))
+        .map_or("", String::as_str)
+}
+
+fn string_attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| {
+        match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.as_str()),
+            _ => None,
+        }
+    })
+}
+
+fn int_attr(attrs: &[KeyValue], key: &str) -> Option<i64> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| {
+        match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::IntValue(i) => Some(*i),
+            any_value::Value::StringValue(s) => s.parse().ok(),
+            _ => None,
+        }
+    })
+}
+
+/// Builds each dictionary stack and location once.
+struct FrameCache<'a> {
+    dict: &'a ProfilesDictionary,
+    stacks: HashMap<i32, Arc<[Arc<Frame>]>>,
+    locations: HashMap<i32, Arc<Frame>>,
+    mappings: HashMap<i32, Arc<Mapping>>,
+}
+
+impl<'a> FrameCache<'a> {
+    fn new(dict: &'a ProfilesDictionary) -> Self {
+        Self {
+            dict,
+            stacks: HashMap::new(),
+            locations: HashMap::new(),
+            mappings: HashMap::new(),
+        }
+    }
+
+    fn stack(&mut self, index: i32) -> Arc<[Arc<Frame>]> {
+        if let Some(stack) = self.stacks.get(&index) {
+            return stack.clone();
+        }
+        let locations = self
+            .dict
+            .stack_table
+            .get(index as usize)
+            .map(|s| s.location_indices.clone())
+            .unwrap_or_default();
+        let stack: Arc<[Arc<Frame>]> = locations.iter().map(|&l| self.location(l)).collect();
+        self.stacks.insert(index, stack.clone());
+        stack
+    }
+
+    fn location(&mut self, index: i32) -> Arc<Frame> {
+        if let Some(frame) = self.locations.get(&index) {
+            return frame.clone();
+        }
+        let dict = self.dict;
+        let location = dict
+            .location_table
+            .get(index as usize)
+            .cloned()
+            .unwrap_or_default();
+        let mut kind = FrameKind::Native;
+        for &a in &location.attribute_indices {
+            let Some(attr) = dict.attribute_table.get(a as usize) else {
+                continue;
+            };
+            if string(dict, attr.key_strindex) == ATTR_FRAME_TYPE
+                && let Some(any_value::Value::StringValue(t)) =
+                    attr.value.as_ref().and_then(|v| v.value.as_ref())
+            {
+                kind = match t.as_str() {
+                    "kernel" => FrameKind::Kernel,
+                    "cpython" => FrameKind::CPython,
+                    // pprof has no frame types: any other kind reads as code.
+                    _ => FrameKind::Native,
+                };
+            }
+        }
+        let lines = location
+            .lines
+            .iter()
+            .map(|line| {
+                let function = dict
+                    .function_table
+                    .get(line.function_index as usize)
+                    .cloned()
+                    .unwrap_or_default();
+                let filename = string(dict, function.filename_strindex);
+                Line {
+                    function_name: Arc::from(string(dict, function.name_strindex)),
+                    system_name: Arc::from(string(dict, function.system_name_strindex)),
+                    filename: (!filename.is_empty()).then(|| Arc::from(filename)),
+                    line: u32::try_from(line.line).unwrap_or(0),
+                }
+            })
+            .collect();
+        let mapping = (location.mapping_index != 0).then(|| self.mapping(location.mapping_index));
+        let frame = Arc::new(Frame {
+            kind,
+            address: location.address,
+            mapping,
+            lines,
+        });
+        self.locations.insert(index, frame.clone());
+        frame
+    }
+
+    fn mapping(&mut self, index: i32) -> Arc<Mapping> {
+        if let Some(mapping) = self.mappings.get(&index) {
+            return mapping.clone();
+        }
+        let dict = self.dict;
+        let m = dict
+            .mapping_table
+            .get(index as usize)
+            .cloned()
+            .unwrap_or_default();
+        let build_id = m.attribute_indices.iter().find_map(|&a| {
+            let attr = dict.attribute_table.get(a as usize)?;
+            if string(dict, attr.key_strindex) != ATTR_BUILD_ID_GNU {
+                return None;
+            }
+            match attr.value.as_ref()?.value.as_ref()? {
+                any_value::Value::StringValue(id) => Some(Arc::from(id.as_str())),
+                _ => None,
+            }
+        });
+        let mapping = Arc::new(Mapping {
+            memory_start: m.memory_start,
+            memory_limit: m.memory_limit,
+            file_offset: m.file_offset,
+            filename: Arc::from(string(dict, m.filename_strindex)),
+            build_id,
+        });
+        self.mappings.insert(index, mapping.clone());
+        mapping
+    }
+}

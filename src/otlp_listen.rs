@@ -1,0 +1,87 @@
+//! The OTLP Profiles receiver on `--otlp-listen`: gRPC `ProfilesService` and
+//! OTLP/HTTP `POST /v1development/profiles` on one port, feeding the sinks.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use anyhow::Context;
+use axum::{
+    Router,
+    body::Bytes,
+    extract::{DefaultBodyLimit, State},
+    http::{HeaderMap, StatusCode, header},
+    response::IntoResponse,
+    routing::post,
+};
+use icecore_otlp::receive::{
+    HTTP_PATH, ProfilesReceiver, ReceiveLimits, ReceivedProfiles, ReceiverAuth, ReceiverStats,
+    accept_http,
+};
+use tokio::sync::mpsc;
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tracing::{info, warn};
+
+/// Requests handled at once; more wait for a slot, which bounds the memory
+/// that decoding requests can take to this many times the message limit.
+const MAX_CONCURRENT_REQUESTS: usize = 8;
+/// Accepted requests waiting for the sinks; more are refused with
+/// RESOURCE_EXHAUSTED, and the sender retries.
+pub const FORWARD_QUEUE: usize = 16;
+
+const GRPC_SERVICE_PATH: &str =
+    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/{*method}";
+
+/// Binds `address` and serves until the runtime stops; returns the
+/// receiver's counters.
+pub async fn serve(
+    address: SocketAddr,
+    auth: ReceiverAuth,
+    forward: mpsc::Sender<ReceivedProfiles>,
+) -> anyhow::Result<Arc<ReceiverStats>> {
+    let limits = ReceiveLimits::default();
+    let receiver = ProfilesReceiver::new(forward, auth, limits);
+    let stats = receiver.stats();
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("--otlp-listen {address}: cannot listen"))?;
+    let bound = listener.local_addr().unwrap_or(address);
+    let app = Router::new()
+        .route(HTTP_PATH, post(http_export))
+        .route_service(GRPC_SERVICE_PATH, receiver.clone().into_service())
+        .layer(DefaultBodyLimit::max(limits.max_message_bytes))
+        .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        .with_state(receiver);
+    info!("receiving OTLP profiles on {bound} (gRPC, and HTTP at {HTTP_PATH})");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!("OTLP receiver stopped: {e}");
+        }
+    });
+    Ok(stats)
+}
+
+async fn http_export(
+    State(receiver): State<ProfilesReceiver>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> impl IntoResponse {
+    let header = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let result = accept_http(
+        &receiver,
+        header(header::CONTENT_TYPE),
+        header(header::CONTENT_ENCODING),
+        header(header::AUTHORIZATION),
+        &body,
+    );
+    let (status, body) = match result {
+        Ok(response) => (StatusCode::OK, response),
+        Err(e) => (
+            StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
+            e.body,
+        ),
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/x-protobuf")],
+        body,
+    )
+}
