@@ -20,6 +20,7 @@
 )]
 mod support;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use support::fixture::Mode;
@@ -461,4 +462,176 @@ fn received_otlp_is_forwarded_and_bad_input_refused() {
     assert!(total(&forwarded) > expected);
     let metrics_seen = icecore.stderr();
     assert!(!metrics_seen.contains("panicked"), "{metrics_seen}");
+}
+
+mod parca_store {
+    use std::sync::{Arc, Mutex};
+
+    use icecore_otlp::export::parca::proto::profile_store_service_server::{
+        ProfileStoreService, ProfileStoreServiceServer,
+    };
+    use icecore_otlp::export::parca::proto::{WriteRawRequest, WriteRawResponse};
+
+    /// A WriteRaw server generated from Parca's proto; keeps every request.
+    #[derive(Default, Clone)]
+    pub struct ParcaStore {
+        pub requests: Arc<Mutex<Vec<WriteRawRequest>>>,
+    }
+
+    #[tonic::async_trait]
+    impl ProfileStoreService for ParcaStore {
+        async fn write_raw(
+            &self,
+            request: tonic::Request<WriteRawRequest>,
+        ) -> Result<tonic::Response<WriteRawResponse>, tonic::Status> {
+            self.requests.lock().unwrap().push(request.into_inner());
+            Ok(tonic::Response::new(WriteRawResponse::default()))
+        }
+    }
+
+    /// Serves on 127.0.0.1 from a runtime of its own; returns the port.
+    pub fn serve(store: ParcaStore, runtime: &tokio::runtime::Runtime) -> u16 {
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(ProfileStoreServiceServer::new(store))
+                    .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+            );
+            port
+        })
+    }
+}
+
+/// `--parca-endpoint`: a WriteRaw server built from Parca's proto receives
+/// one labelled series per process per batch, holding the same samples as
+/// the pprof files of the same run.
+#[test]
+fn parca_write_raw_receives_labelled_series() {
+    const TEST: &str = "parca_write_raw_receives_labelled_series";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    const RUN: Duration = Duration::from_secs(6);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store = parca_store::ParcaStore::default();
+    let port = parca_store::serve(store.clone(), &runtime);
+    let target = Target::start(Mode::Cycle);
+    let pprof_dir = target.make_subdir("pprof");
+    let mut args = base_args_at(target.pid(), HZ);
+    args.extend([
+        s("--parca-endpoint"),
+        format!("http://127.0.0.1:{port}"),
+        s("--pprof-dir"),
+        s(pprof_dir.display()),
+    ]);
+    args.extend(duration_args(RUN));
+    let mut icecore = Icecore::spawn(&args, target.dir());
+    icecore.wait_success(RUN + EXIT_GRACE);
+
+    let written = pprof::read_valid(&pprof_dir, HZ);
+    let requests = store.requests.lock().unwrap().clone();
+    let mut parca_samples = 0u64;
+    let mut series = 0;
+    for request in &requests {
+        assert!(!request.normalized);
+        for s in &request.series {
+            series += 1;
+            let labels = &s.labels.as_ref().unwrap().labels;
+            let label = |name: &str| {
+                labels
+                    .iter()
+                    .find(|l| l.name == name)
+                    .map(|l| l.value.clone())
+            };
+            assert_eq!(label("__name__").as_deref(), Some("process_cpu"));
+            assert_eq!(label("pid"), Some(target.pid().to_string()));
+            assert_eq!(label("comm").as_deref(), Some("busy"));
+            for sample in &s.samples {
+                assert_eq!(sample.raw_profile[..2], [0x1f, 0x8b], "gzipped pprof");
+                let mut raw = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut flate2::read::GzDecoder::new(sample.raw_profile.as_slice()),
+                    &mut raw,
+                )
+                .unwrap();
+                let profile = pprof::decode_bytes(&raw, Path::new("parca"));
+                parca_samples += total(&pprof::all_samples(&[profile]));
+            }
+        }
+    }
+    println!(
+        "Parca got {series} series in {} requests, {parca_samples} samples; pprof files {}",
+        requests.len(),
+        total(&written.samples)
+    );
+    assert!(series >= 2);
+    assert_eq!(parca_samples, total(&written.samples));
+}
+
+/// `GET /debug/pprof/profile?seconds=N` answers with a gzipped pprof of the
+/// next N seconds, decodable by an independent pprof reader.
+#[test]
+fn pull_endpoint_serves_the_next_seconds_as_pprof() {
+    const TEST: &str = "pull_endpoint_serves_the_next_seconds_as_pprof";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    const RUN: Duration = Duration::from_secs(14);
+    const PULL_SECONDS: u64 = 4;
+    let target = Target::start(Mode::Cycle);
+    let pprof_dir = target.make_subdir("pprof");
+    let mut args = base_args_at(target.pid(), HZ);
+    args.extend([s("--pprof-dir"), s(pprof_dir.display())]);
+    args.extend(duration_args(RUN));
+    let mut icecore = Icecore::spawn(&args, target.dir());
+    let addr = icecore.http_address(Duration::from_secs(20));
+    let get = |query: &str, out: &Path| {
+        let result = std::process::Command::new("curl")
+            .args(["-s", "-o"])
+            .arg(out)
+            .args(["-w", "%{http_code}", "--max-time", "60"])
+            .arg(format!("http://{addr}/debug/pprof/profile{query}"))
+            .output()
+            .expect("run curl");
+        String::from_utf8_lossy(&result.stdout).to_string()
+    };
+    let bad = target.dir().join("bad");
+    assert_eq!(get("?seconds=0", &bad), "400");
+    assert_eq!(get("?seconds=ten", &bad), "400");
+    let pulled = target.dir().join("pulled.pb.gz");
+    let started = Instant::now();
+    assert_eq!(get(&format!("?seconds={PULL_SECONDS}"), &pulled), "200");
+    let took = started.elapsed();
+    icecore.wait_success(RUN + EXIT_GRACE);
+
+    let gz = std::fs::read(&pulled).unwrap();
+    assert_eq!(gz[..2], [0x1f, 0x8b], "gzipped");
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut raw).unwrap();
+    let profile = pprof::decode_bytes(&raw, &pulled);
+    pprof::assert_valid(std::slice::from_ref(&profile), HZ);
+    let samples = pprof::all_samples(std::slice::from_ref(&profile));
+    let n = total(&samples);
+    let expected = PULL_SECONDS * u64::from(HZ);
+    println!(
+        "pulled {PULL_SECONDS} s in {took:?}: {n} samples (a busy CPU at {HZ} Hz: {expected})"
+    );
+    assert!(
+        took >= Duration::from_secs(PULL_SECONDS),
+        "answered before the window closed"
+    );
+    assert!(
+        n as f64 >= expected as f64 * 0.8 && n as f64 <= expected as f64 * 1.1,
+        "{n} samples for {expected} expected"
+    );
+    assert!(inclusive(&samples, "hot_alpha") > 0);
+    assert!(
+        samples
+            .iter()
+            .all(|s| s.pid == Some(i64::from(target.pid())))
+    );
 }

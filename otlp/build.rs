@@ -1,9 +1,18 @@
-//! Generates the pprof message types from the vendored `proto/profile.proto`.
-//! protox parses the schema in-process because no `protoc` binary is available.
+//! Generates the pprof message types from the vendored `proto/profile.proto`
+//! and Parca's profile store API from `proto/parca/…/profilestore.proto`.
+//! protox parses the schemas in-process because no `protoc` binary is available.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("cargo:rerun-if-changed=proto/profile.proto");
-    let fds = protox::compile(["profile.proto"], ["proto"])?;
-    prost_build::Config::new().compile_fds(fds)?;
+    println!("cargo:rerun-if-changed=proto");
+    let pprof = protox::compile(["profile.proto"], ["proto"])?;
+    prost_build::Config::new().compile_fds(pprof)?;
+    let parca = protox::compile(
+        ["parca/profilestore/v1alpha1/profilestore.proto"],
+        ["proto"],
+    )?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .compile_fds(parca)?;
     Ok(())
 }

@@ -1,5 +1,6 @@
-//! The agent's own HTTP endpoints on `--http-address`: `/healthz` and
-//! Prometheus `/metrics` of the profiler's counters.
+//! The agent's own HTTP endpoints on `--http-address`: `/healthz`,
+//! Prometheus `/metrics` of every part's counters, and the pull endpoint
+//! `/debug/pprof/profile?seconds=N` (see `pull`).
 
 use std::{
     fmt::Write,
@@ -8,10 +9,18 @@ use std::{
 };
 
 use anyhow::Context;
-use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
+use axum::{
+    Router,
+    extract::{RawQuery, State},
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
 use icecore_otlp::{ExportStats, receive::ReceiverStats};
 use icecore_receiver::{Counter, ProfilerStats};
 use tracing::{info, warn};
+
+use crate::pull::{PullError, PullHub};
 
 /// What `/metrics` reports on.
 #[derive(Clone)]
@@ -20,8 +29,12 @@ pub struct Sources {
     pub profiler: Arc<Mutex<ProfilerStats>>,
     /// The OTLP exporter's counters, when one is configured.
     pub otlp: Option<Arc<ExportStats>>,
+    /// The Parca exporter's counters, when one is configured.
+    pub parca: Option<Arc<ExportStats>>,
     /// The OTLP receiver's counters, when it runs.
     pub receiver: Option<Arc<ReceiverStats>>,
+    /// Batches for `/debug/pprof/profile`.
+    pub pull: Arc<PullHub>,
 }
 
 /// Binds the address and serves until the runtime shuts down.
@@ -30,10 +43,11 @@ pub async fn serve(address: SocketAddr, stats: Sources) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--http-address {address}: cannot listen"))?;
     let bound = listener.local_addr().unwrap_or(address);
-    info!("serving /metrics and /healthz on http://{bound}");
+    info!("serving /metrics and /healthz on http://{bound} (and /debug/pprof/profile)");
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
+        .route("/debug/pprof/profile", get(pprof_profile))
         .with_state(stats);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -41,6 +55,34 @@ pub async fn serve(address: SocketAddr, stats: Sources) -> anyhow::Result<()> {
         }
     });
     Ok(())
+}
+
+async fn pprof_profile(State(sources): State<Sources>, RawQuery(query): RawQuery) -> Response {
+    let seconds = query
+        .as_deref()
+        .and_then(|q| q.split('&').find_map(|pair| pair.strip_prefix("seconds=")));
+    match sources.pull.profile(seconds).await {
+        Ok(gzipped) => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream"),
+                (
+                    header::CONTENT_DISPOSITION,
+                    "attachment; filename=\"profile\"",
+                ),
+            ],
+            gzipped,
+        )
+            .into_response(),
+        Err(e) => {
+            let status = match e {
+                PullError::BadSeconds => StatusCode::BAD_REQUEST,
+                PullError::Busy => StatusCode::TOO_MANY_REQUESTS,
+                PullError::NoData | PullError::Lagged => StatusCode::SERVICE_UNAVAILABLE,
+                PullError::Encode(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            (status, format!("{e}\n")).into_response()
+        }
+    }
 }
 
 async fn metrics(State(sources): State<Sources>) -> impl IntoResponse {
@@ -51,7 +93,10 @@ async fn metrics(State(sources): State<Sources>) -> impl IntoResponse {
         .unwrap_or_default();
     let mut text = render(&snapshot);
     if let Some(otlp) = &sources.otlp {
-        render_export(&mut text, otlp);
+        render_export(&mut text, "otlp", otlp);
+    }
+    if let Some(parca) = &sources.parca {
+        render_export(&mut text, "parca", parca);
     }
     if let Some(receiver) = &sources.receiver {
         render_receiver(&mut text, receiver);
@@ -84,11 +129,12 @@ fn render_receiver(out: &mut String, stats: &ReceiverStats) {
     );
 }
 
-/// Prometheus text exposition of the OTLP exporter's counters.
-fn render_export(out: &mut String, stats: &ExportStats) {
+/// Prometheus text exposition of an exporter's counters, as
+/// `icecore_{sink}_…`.
+fn render_export(out: &mut String, sink: &str, stats: &ExportStats) {
     let _ = writeln!(
         out,
-        "# HELP icecore_otlp_dropped_samples_total Samples the OTLP exporter could not deliver, by reason.\n# TYPE icecore_otlp_dropped_samples_total counter"
+        "# HELP icecore_{sink}_dropped_samples_total Samples the exporter could not deliver, by reason.\n# TYPE icecore_{sink}_dropped_samples_total counter"
     );
     for (reason, counter) in [
         ("queue_full", &stats.dropped_queue_full),
@@ -98,52 +144,52 @@ fn render_export(out: &mut String, stats: &ExportStats) {
     ] {
         let _ = writeln!(
             out,
-            "icecore_otlp_dropped_samples_total{{reason=\"{reason}\"}} {}",
+            "icecore_{sink}_dropped_samples_total{{reason=\"{reason}\"}} {}",
             counter.load(Relaxed)
         );
     }
     let scalars = [
         (
-            "icecore_otlp_sent_requests_total",
+            "sent_requests_total",
             "counter",
-            "OTLP requests the endpoint accepted.",
+            "Requests the endpoint accepted.",
             &stats.sent_requests,
         ),
         (
-            "icecore_otlp_sent_samples_total",
+            "sent_samples_total",
             "counter",
-            "Samples in accepted OTLP requests.",
+            "Samples in accepted requests.",
             &stats.sent_samples,
         ),
         (
-            "icecore_otlp_rejected_profiles_total",
+            "rejected_profiles_total",
             "counter",
             "Profiles the endpoint reported rejected (partial success).",
             &stats.rejected_profiles,
         ),
         (
-            "icecore_otlp_retries_total",
+            "retries_total",
             "counter",
-            "OTLP export attempts repeated after a transient failure.",
+            "Export attempts repeated after a transient failure.",
             &stats.retries,
         ),
         (
-            "icecore_otlp_queue_requests",
+            "queue_requests",
             "gauge",
-            "OTLP requests waiting to be sent.",
+            "Requests waiting to be sent.",
             &stats.queued_requests,
         ),
         (
-            "icecore_otlp_queue_bytes",
+            "queue_bytes",
             "gauge",
-            "Encoded bytes of the OTLP requests waiting to be sent.",
+            "Encoded bytes of the requests waiting to be sent.",
             &stats.queued_bytes,
         ),
     ];
     for (name, kind, help, value) in scalars {
         let _ = writeln!(
             out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+            "# HELP icecore_{sink}_{name} {help}\n# TYPE icecore_{sink}_{name} {kind}\nicecore_{sink}_{name} {}",
             value.load(Relaxed)
         );
     }
@@ -283,7 +329,7 @@ mod tests {
         stats.sent_samples.store(7, Relaxed);
         stats.dropped_queue_full.store(3, Relaxed);
         let mut text = String::new();
-        render_export(&mut text, &stats);
+        render_export(&mut text, "otlp", &stats);
         assert!(text.contains("icecore_otlp_sent_samples_total 7"), "{text}");
         assert!(
             text.contains("icecore_otlp_dropped_samples_total{reason=\"queue_full\"} 3"),

@@ -5,6 +5,7 @@
 
 mod http;
 mod otlp_listen;
+mod pull;
 mod shutdown;
 mod sinks;
 
@@ -94,7 +95,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         http::Sources {
             profiler: profiler.stats(),
             otlp: sinks.otlp_stats(),
+            parca: sinks.parca_stats(),
             receiver: receiver_stats,
+            pull: sinks.pull_hub(),
         },
     )
     .await?;
@@ -114,6 +117,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         exported = sink_report.batches_ok,
         export_failures = sink_report.batches_failed,
         otlp_samples_dropped = sink_report.otlp_samples_dropped,
+        parca_samples_dropped = sink_report.parca_samples_dropped,
         "icecore stopped"
     );
     if sink_report.batches_failed > 0 {

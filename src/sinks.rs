@@ -8,12 +8,14 @@ use std::{
 use anyhow::Context;
 use icecore_config::{BearerToken, Config, OtlpCompression};
 use icecore_otlp::{
-    Compression, ExportStats, OtlpExporter, OtlpExporterOptions, OtlpPipeline, PprofDirWriter,
-    QueueLimits, ResourceAttributes, RetryPolicy, TlsOptions, model::ProfileBatch,
-    receive::ReceivedProfiles,
+    Compression, ExportPipeline, ExportStats, OtlpExporter, OtlpExporterOptions, OtlpPipeline,
+    ParcaExporter, ParcaOptions, PprofDirWriter, QueueLimits, ResourceAttributes, RetryPolicy,
+    TlsOptions, model::ProfileBatch, receive::ReceivedProfiles,
 };
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
+
+use crate::pull::PullHub;
 
 /// How long the queued OTLP requests may still be retried at shutdown:
 /// inside Kubernetes' default 30 s termination grace period.
@@ -24,8 +26,10 @@ const MAX_TOKEN_BYTES: u64 = 64 << 10;
 /// Every configured sink.
 pub struct Sinks {
     otlp: Option<OtlpPipeline>,
+    parca: Option<ExportPipeline<ParcaExporter>>,
     pprof: Option<Arc<PprofDirWriter>>,
     pprof_is_default: bool,
+    pull: Arc<PullHub>,
 }
 
 /// What the sinks did over the run.
@@ -37,6 +41,8 @@ pub struct SinkReport {
     pub batches_failed: u64,
     /// Samples the OTLP exporter could not deliver.
     pub otlp_samples_dropped: u64,
+    /// Samples the Parca exporter could not deliver.
+    pub parca_samples_dropped: u64,
 }
 
 /// The exporter options the settings describe; reads the token file.
@@ -121,6 +127,27 @@ impl Sinks {
             }
             None => None,
         };
+        let parca = match &config.parca {
+            Some(endpoint) => {
+                let mut headers = Vec::new();
+                if let Some(path) = &config.parca_bearer_token_file {
+                    let token = read_token(path)
+                        .with_context(|| format!("--parca-bearer-token-file {}", path.display()))?;
+                    headers.push(("authorization".to_owned(), format!("Bearer {token}")));
+                }
+                let exporter = ParcaExporter::new(&ParcaOptions {
+                    headers,
+                    ..ParcaOptions::new(endpoint.url.clone())
+                })
+                .with_context(|| format!("--parca-endpoint {}", endpoint.url))?;
+                Some(ExportPipeline::start(
+                    exporter,
+                    RetryPolicy::default(),
+                    QueueLimits::default(),
+                ))
+            }
+            None => None,
+        };
         let pprof = match &config.pprof_dir {
             Some(dir) => Some(Arc::new(
                 PprofDirWriter::new(dir.clone())
@@ -130,6 +157,8 @@ impl Sinks {
         };
         Ok(Sinks {
             otlp,
+            parca,
+            pull: Arc::new(PullHub::new(config.reporter_interval)),
             pprof,
             pprof_is_default: config.pprof_dir_is_default,
         })
@@ -140,6 +169,9 @@ impl Sinks {
         let mut lines = Vec::new();
         if let Some(otlp) = &self.otlp {
             lines.push(format!("sending OTLP profiles to {}", otlp.endpoint()));
+        }
+        if let Some(parca) = &self.parca {
+            lines.push(format!("sending pprof to Parca at {}", parca.endpoint()));
         }
         if let Some(pprof) = &self.pprof {
             if self.pprof_is_default {
@@ -157,6 +189,16 @@ impl Sinks {
     /// The OTLP exporter's counters, when there is one.
     pub fn otlp_stats(&self) -> Option<Arc<ExportStats>> {
         self.otlp.as_ref().map(OtlpPipeline::stats)
+    }
+
+    /// Where `/debug/pprof/profile` pulls batches from.
+    pub fn pull_hub(&self) -> Arc<PullHub> {
+        self.pull.clone()
+    }
+
+    /// The Parca exporter's counters, when there is one.
+    pub fn parca_stats(&self) -> Option<Arc<ExportStats>> {
+        self.parca.as_ref().map(ExportPipeline::stats)
     }
 
     /// Delivers batches until the source closes the channel, then sends
@@ -197,12 +239,34 @@ impl Sinks {
                     profiles.converted.batch
                 }
             };
-            self.write_pprof(Arc::new(batch), &mut report).await;
+            if let Some(parca) = &self.parca {
+                parca.submit(&batch);
+            }
+            let batch = Arc::new(batch);
+            self.pull.publish(batch.clone());
+            self.write_pprof(batch, &mut report).await;
         }
-        if let Some(otlp) = self.otlp {
-            let stats = otlp.shutdown(OTLP_SHUTDOWN_GRACE).await;
+        // Both pipelines flush at once, within one grace period.
+        let otlp = async {
+            match self.otlp {
+                Some(p) => Some(p.shutdown(OTLP_SHUTDOWN_GRACE).await),
+                None => None,
+            }
+        };
+        let parca = async {
+            match self.parca {
+                Some(p) => Some(p.shutdown(OTLP_SHUTDOWN_GRACE).await),
+                None => None,
+            }
+        };
+        let (otlp, parca) = tokio::join!(otlp, parca);
+        if let Some(stats) = otlp {
             report.batches_ok += stats.sent_requests.load(Relaxed);
             report.otlp_samples_dropped = stats.dropped_samples();
+        }
+        if let Some(stats) = parca {
+            report.batches_ok += stats.sent_requests.load(Relaxed);
+            report.parca_samples_dropped = stats.dropped_samples();
         }
         report
     }

@@ -58,6 +58,14 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "NAME")]
     service_name: Option<String>,
 
+    /// Parca server to push gzipped pprof to with WriteRaw: http://HOST:7070 or https://… [default: none]
+    #[arg(long, value_name = "URL")]
+    parca_endpoint: Option<String>,
+
+    /// File holding a bearer token for the Parca server [default: none]
+    #[arg(long, value_name = "FILE")]
+    parca_bearer_token_file: Option<String>,
+
     /// Serve an OTLP Profiles receiver (gRPC and HTTP /v1development/profiles) on IP:PORT, or PORT on 127.0.0.1, and forward what it gets to the sinks [default: off]
     #[arg(long, value_name = "ADDR")]
     otlp_listen: Option<String>,
@@ -181,6 +189,16 @@ impl Cli {
             self.service_name.as_deref(),
             export::service_name,
         )?;
+        let parca = check(
+            "parca-endpoint",
+            self.parca_endpoint.as_deref(),
+            validate::otlp_endpoint,
+        )?;
+        let parca_bearer_token_file = check(
+            "parca-bearer-token-file",
+            self.parca_bearer_token_file.as_deref(),
+            export::token_file,
+        )?;
         let otlp_listen = check(
             "otlp-listen",
             self.otlp_listen.as_deref(),
@@ -239,6 +257,8 @@ impl Cli {
             resource_attributes: None,
             otlp_listen,
             otlp_listen_bearer_token_file,
+            parca,
+            parca_bearer_token_file,
             pprof_dir,
             sampling_frequency_hz,
             reporter_interval,

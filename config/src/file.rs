@@ -13,7 +13,7 @@ const EXPECTED_RESOURCE_MAPPING: &str =
 use crate::{ConfigError, Settings};
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 20] = [
+pub const KEYS: [&str; 22] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -27,6 +27,8 @@ pub const KEYS: [&str; 20] = [
     "resource_attributes",
     "otlp_listen",
     "otlp_listen_bearer_token_file",
+    "parca_endpoint",
+    "parca_bearer_token_file",
     "pprof_dir",
     "sampling_frequency",
     "reporter_interval",
@@ -105,6 +107,8 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
             |k, v| Ok((k.to_owned(), v.to_owned())),
         )?,
         otlp_listen: reader.string("otlp_listen", export::listen_address)?,
+        parca: reader.string("parca_endpoint", validate::otlp_endpoint)?,
+        parca_bearer_token_file: reader.string("parca_bearer_token_file", export::token_file)?,
         otlp_listen_bearer_token_file: reader
             .string("otlp_listen_bearer_token_file", export::token_file)?,
         pprof_dir: reader.string("pprof_dir", |s| validate::pprof_dir(PathBuf::from(s)))?,

@@ -81,6 +81,10 @@ pub struct Config {
     pub service_name: Option<String>,
     /// Attributes added to every exported resource.
     pub resource_attributes: Vec<(String, String)>,
+    /// A Parca server to push pprof to with `WriteRaw`, if any.
+    pub parca: Option<OtlpEndpoint>,
+    /// Bearer token file for the Parca server, if any.
+    pub parca_bearer_token_file: Option<PathBuf>,
     /// Where to serve the OTLP Profiles receiver (gRPC and HTTP), if at all.
     pub otlp_listen: Option<SocketAddr>,
     /// Token file the receiver's clients must present as `Bearer`, if any.
@@ -208,6 +212,8 @@ pub(crate) struct Settings {
     pub resource_attributes: Option<Vec<(String, String)>>,
     pub otlp_listen: Option<SocketAddr>,
     pub otlp_listen_bearer_token_file: Option<PathBuf>,
+    pub parca: Option<OtlpEndpoint>,
+    pub parca_bearer_token_file: Option<PathBuf>,
     pub pprof_dir: Option<PathBuf>,
     pub sampling_frequency_hz: Option<u32>,
     pub reporter_interval: Option<Duration>,
@@ -235,6 +241,10 @@ impl Settings {
             service_name: self.service_name.or(lower.service_name),
             resource_attributes: self.resource_attributes.or(lower.resource_attributes),
             otlp_listen: self.otlp_listen.or(lower.otlp_listen),
+            parca: self.parca.or(lower.parca),
+            parca_bearer_token_file: self
+                .parca_bearer_token_file
+                .or(lower.parca_bearer_token_file),
             otlp_listen_bearer_token_file: self
                 .otlp_listen_bearer_token_file
                 .or(lower.otlp_listen_bearer_token_file),
@@ -250,7 +260,8 @@ impl Settings {
 
     /// Fills what is unset with the defaults.
     fn resolve(self) -> Config {
-        let pprof_dir_is_default = self.otlp.is_none() && self.pprof_dir.is_none();
+        let pprof_dir_is_default =
+            self.otlp.is_none() && self.parca.is_none() && self.pprof_dir.is_none();
         let pprof_dir = if pprof_dir_is_default {
             Some(PathBuf::from(DEFAULT_PPROF_DIR))
         } else {
@@ -271,6 +282,8 @@ impl Settings {
             service_name: self.service_name,
             resource_attributes: self.resource_attributes.unwrap_or_default(),
             otlp_listen: self.otlp_listen,
+            parca: self.parca,
+            parca_bearer_token_file: self.parca_bearer_token_file,
             otlp_listen_bearer_token_file: self.otlp_listen_bearer_token_file,
             pprof_dir,
             pprof_dir_is_default,
@@ -341,6 +354,8 @@ impl Config {
             Some("otlp_ca_file and otlp_insecure_skip_verify contradict each other")
         } else if self.otlp_listen_bearer_token_file.is_some() && self.otlp_listen.is_none() {
             Some("otlp_listen_bearer_token_file is set but otlp_listen is not")
+        } else if self.parca_bearer_token_file.is_some() && self.parca.is_none() {
+            Some("parca_bearer_token_file is set but parca_endpoint is not")
         } else if self.otlp_listen.is_some() && self.otlp_listen == Some(self.http_address) {
             Some("otlp_listen and http_address are the same address")
         } else if (tls.ca_file.is_some() || tls.client_cert.is_some() || tls.insecure_skip_verify)

@@ -14,8 +14,9 @@ pub mod receive;
 mod test_fixtures;
 
 pub use export::{
-    Compression, ExportError, ExportOutcome, ExportStats, OtlpExporter, OtlpExporterOptions,
-    OtlpPipeline, PprofDirWriter, QueueLimits, RetryPolicy, TlsOptions,
+    Compression, ExportError, ExportOutcome, ExportPipeline, ExportStats, OtlpExporter,
+    OtlpExporterOptions, OtlpPipeline, ParcaExporter, ParcaOptions, PprofDirWriter, QueueLimits,
+    RetryPolicy, TlsOptions,
 };
 pub use otlp_encode::{ResourceAttributes, encode_request, encode_request_with};
 pub use pprof::{PprofError, encode_gzip, encode_profile};

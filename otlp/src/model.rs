@@ -138,3 +138,86 @@ impl ProfileBatch {
             .sum()
     }
 }
+
+impl ProfileBatch {
+    /// The samples of `batches` whose timestamps fall in `[start, end)`, as
+    /// one batch over that window (for a pull of "the next N seconds").
+    /// Processes and sample groups are concatenated, not merged: encoders
+    /// deduplicate stacks anyway. `period_nanos` and `host_name` come from
+    /// the first batch.
+    pub fn window_of(batches: &[Arc<ProfileBatch>], start: u64, end: u64) -> ProfileBatch {
+        let mut processes: Vec<ProcessProfile> = Vec::new();
+        for batch in batches {
+            for process in &batch.processes {
+                let samples: Vec<SampleGroup> = process
+                    .samples
+                    .iter()
+                    .filter_map(|group| {
+                        let timestamps: Vec<u64> = group
+                            .timestamps_unix_nanos
+                            .iter()
+                            .copied()
+                            .filter(|t| (start..end).contains(t))
+                            .collect();
+                        (!timestamps.is_empty()).then(|| SampleGroup {
+                            timestamps_unix_nanos: timestamps,
+                            ..group.clone()
+                        })
+                    })
+                    .collect();
+                if samples.is_empty() {
+                    continue;
+                }
+                match processes.iter_mut().find(|p| p.process == process.process) {
+                    Some(known) => known.samples.extend(samples),
+                    None => processes.push(ProcessProfile {
+                        process: process.process.clone(),
+                        samples,
+                    }),
+                }
+            }
+        }
+        let first = batches.first();
+        ProfileBatch {
+            start_unix_nanos: start,
+            duration_nanos: end.saturating_sub(start),
+            period_nanos: first.map_or(0, |b| b.period_nanos),
+            host_name: first.map_or_else(|| Arc::from(""), |b| b.host_name.clone()),
+            processes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_fixtures;
+
+    #[test]
+    fn window_of_keeps_only_timestamps_inside() {
+        let batch = Arc::new(test_fixtures::batch());
+        let all: Vec<u64> = batch
+            .processes
+            .iter()
+            .flat_map(|p| &p.samples)
+            .flat_map(|s| s.timestamps_unix_nanos.iter().copied())
+            .collect();
+        let (lo, hi) = (*all.iter().min().unwrap(), *all.iter().max().unwrap());
+        let whole = ProfileBatch::window_of(&[batch.clone(), batch.clone()], lo, hi + 1);
+        assert_eq!(whole.sample_count(), 2 * all.len());
+        assert_eq!(
+            whole.processes.len(),
+            batch
+                .processes
+                .iter()
+                .filter(|p| !p.samples.is_empty())
+                .count()
+        );
+        let mid = lo + (hi - lo) / 2;
+        let half = ProfileBatch::window_of(&[batch], lo, mid);
+        let expected = all.iter().filter(|&&t| t < mid).count();
+        assert_eq!(half.sample_count(), expected);
+        assert_eq!(half.start_unix_nanos, lo);
+        assert_eq!(half.duration_nanos, mid - lo);
+    }
+}

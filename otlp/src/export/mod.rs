@@ -1,7 +1,9 @@
 //! Sinks that ship a [`crate::model::ProfileBatch`] somewhere: an OTLP
 //! Profiles gRPC endpoint, or a directory of gzipped pprof files.
 
+mod grpc_client;
 mod otlp;
+pub mod parca;
 mod pipeline;
 mod pprof_dir;
 mod queue;
@@ -10,10 +12,10 @@ mod tls;
 
 use std::path::PathBuf;
 
-pub use otlp::{
-    Accepted, Compression, ExportOutcome, MAX_MESSAGE_BYTES, OtlpExporter, OtlpExporterOptions,
-};
-pub use pipeline::{ExportStats, OtlpPipeline};
+pub use grpc_client::MAX_MESSAGE_BYTES;
+pub use otlp::{Accepted, Compression, ExportOutcome, OtlpExporter, OtlpExporterOptions};
+pub use parca::{PARCA_PROFILE_NAME, ParcaExporter, ParcaOptions};
+pub use pipeline::{ExportPipeline, ExportStats, OtlpPipeline, RequestSender};
 pub use pprof_dir::PprofDirWriter;
 pub use queue::{Dropped, ExportQueue, QueueLimits, QueuedRequest};
 pub use retry::{RetryPolicy, is_retryable};
@@ -127,6 +129,8 @@ pub enum ExportError {
     Pprof(#[from] PprofError),
 }
 
+#[cfg(test)]
+mod parca_tests;
 #[cfg(test)]
 mod pipeline_tests;
 #[cfg(test)]

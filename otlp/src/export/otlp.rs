@@ -3,26 +3,22 @@
 //! This is the single attempt; [`super::OtlpPipeline`] adds the queue and
 //! the retries around it.
 
-use std::sync::OnceLock;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes};
+use bytes::Bytes;
 use opentelemetry_proto::tonic::collector::profiles::v1development::{
     ExportProfilesServiceRequest, ExportProfilesServiceResponse,
 };
 use prost::Message;
-use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::codegen::http::uri::PathAndQuery;
-use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, MetadataMap};
-use tonic::transport::{Channel, Endpoint};
 
 use super::ExportError;
+use super::grpc_client::GrpcTarget;
+use super::pipeline::RequestSender;
 use super::tls::TlsOptions;
 use crate::model::ProfileBatch;
 use crate::otlp_encode::{ResourceAttributes, encode_request_with};
-
-/// Largest request sent, the usual collector receive limit (32 MiB).
-pub const MAX_MESSAGE_BYTES: usize = 32 << 20;
 
 const EXPORT_PATH: &str =
     "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
@@ -109,54 +105,25 @@ pub struct Accepted {
 #[derive(Debug)]
 pub struct OtlpExporter {
     options: OtlpExporterOptions,
-    config: Endpoint,
-    metadata: MetadataMap,
-    // Created on first export: tonic's channel spawns a task, which needs a runtime.
-    channel: OnceLock<Channel>,
+    target: GrpcTarget,
 }
 
 impl OtlpExporter {
     /// An exporter with the given options; checks the endpoint and headers.
     pub fn new(options: OtlpExporterOptions) -> Result<Self, ExportError> {
-        let endpoint = &options.endpoint;
-        let scheme = endpoint
-            .split_once("://")
-            .map(|(scheme, _)| scheme.to_ascii_lowercase());
-        let tls = match scheme.as_deref() {
-            Some("http") => false,
-            Some("https") => true,
-            _ => {
-                return Err(ExportError::UnsupportedScheme {
-                    endpoint: endpoint.clone(),
-                });
-            }
-        };
-        let mut config = Endpoint::from_shared(endpoint.clone())
-            .map_err(|source| ExportError::InvalidEndpoint {
-                endpoint: endpoint.clone(),
-                source,
-            })?
-            .timeout(options.timeout)
-            .connect_timeout(options.timeout);
-        if tls {
-            config = super::tls::configure(endpoint, config, &options.tls)?;
-        } else if options.tls.is_customised() {
-            return Err(ExportError::TlsOptionsWithoutTls {
-                endpoint: endpoint.clone(),
-            });
-        }
-        let metadata = metadata(&options.headers)?;
-        Ok(Self {
-            options,
-            config,
-            metadata,
-            channel: OnceLock::new(),
-        })
+        let target = GrpcTarget::new(
+            &options.endpoint,
+            options.timeout,
+            &options.headers,
+            options.compression,
+            &options.tls,
+        )?;
+        Ok(Self { options, target })
     }
 
     /// The endpoint as configured.
     pub fn endpoint(&self) -> &str {
-        &self.options.endpoint
+        self.target.url()
     }
 
     /// The options this exporter was made with.
@@ -195,40 +162,7 @@ impl OtlpExporter {
     /// Sends one encoded `ExportProfilesServiceRequest`. Must be called
     /// within a tokio runtime.
     pub async fn send(&self, body: Bytes) -> Result<Accepted, ExportError> {
-        if body.len() > MAX_MESSAGE_BYTES {
-            return Err(ExportError::MessageTooLarge {
-                size: body.len(),
-                limit: MAX_MESSAGE_BYTES,
-            });
-        }
-        let channel = self
-            .channel
-            .get_or_init(|| self.config.connect_lazy())
-            .clone();
-        let mut grpc =
-            tonic::client::Grpc::new(channel).max_encoding_message_size(MAX_MESSAGE_BYTES);
-        if self.options.compression == Compression::Gzip {
-            grpc = grpc
-                .send_compressed(CompressionEncoding::Gzip)
-                .accept_compressed(CompressionEncoding::Gzip);
-        }
-        let rpc_error = |status: tonic::Status| ExportError::Rpc {
-            endpoint: self.options.endpoint.clone(),
-            status: Box::new(status),
-        };
-        grpc.ready().await.map_err(|e| {
-            // Not ready means not connected: worth retrying, like a refused connection.
-            rpc_error(tonic::Status::unavailable(format!(
-                "connection not ready: {e}"
-            )))
-        })?;
-        let mut request = tonic::Request::new(body);
-        *request.metadata_mut() = self.metadata.clone();
-        let response = grpc
-            .unary(request, PathAndQuery::from_static(EXPORT_PATH), RawCodec)
-            .await
-            .map_err(rpc_error)?
-            .into_inner();
+        let response: ExportProfilesServiceResponse = self.target.unary(EXPORT_PATH, body).await?;
         let accepted = response
             .partial_success
             .map(|p| Accepted {
@@ -238,7 +172,7 @@ impl OtlpExporter {
             .unwrap_or_default();
         if accepted.rejected_profiles != 0 || accepted.message.is_some() {
             tracing::warn!(
-                endpoint = %self.options.endpoint,
+                endpoint = %self.endpoint(),
                 rejected_profiles = accepted.rejected_profiles,
                 message = accepted.message.as_deref().unwrap_or(""),
                 "OTLP collector rejected part of a profiles export"
@@ -248,75 +182,22 @@ impl OtlpExporter {
     }
 }
 
-/// The headers as gRPC metadata; names are lower-cased, as HTTP/2 requires.
-fn metadata(headers: &[(String, String)]) -> Result<MetadataMap, ExportError> {
-    let mut map = MetadataMap::new();
-    for (name, value) in headers {
-        let key: AsciiMetadataKey =
-            name.to_ascii_lowercase()
-                .parse()
-                .map_err(|_| ExportError::InvalidHeader {
-                    name: name.clone(),
-                    reason: "not a valid gRPC metadata name",
-                })?;
-        if key.as_str().ends_with("-bin") {
-            return Err(ExportError::InvalidHeader {
-                name: name.clone(),
-                reason: "binary (-bin) metadata is not supported",
-            });
-        }
-        let value: AsciiMetadataValue = value.parse().map_err(|_| ExportError::InvalidHeader {
-            name: name.clone(),
-            reason: "the value is not printable ASCII",
-        })?;
-        map.append(key, value);
-    }
-    Ok(map)
-}
-
-/// Sends already-encoded request bytes as they are and decodes the response,
-/// so requests wait in the queue as compact bytes, not as message trees.
-#[derive(Debug, Clone, Copy)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Bytes;
-    type Decode = ExportProfilesServiceResponse;
-    type Encoder = RawEncoder;
-    type Decoder = ResponseDecoder;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawEncoder
+impl RequestSender for OtlpExporter {
+    fn encode_batch(&self, batch: &ProfileBatch) -> Bytes {
+        Bytes::from(self.encode(batch).encode_to_vec())
     }
 
-    fn decoder(&mut self) -> Self::Decoder {
-        ResponseDecoder
+    fn send_body(
+        &self,
+        body: Bytes,
+    ) -> Pin<Box<dyn Future<Output = Result<u64, ExportError>> + Send + '_>> {
+        Box::pin(async move {
+            let accepted = self.send(body).await?;
+            Ok(u64::try_from(accepted.rejected_profiles).unwrap_or(0))
+        })
     }
-}
 
-#[derive(Debug)]
-struct RawEncoder;
-
-impl Encoder for RawEncoder {
-    type Item = Bytes;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-#[derive(Debug)]
-struct ResponseDecoder;
-
-impl Decoder for ResponseDecoder {
-    type Item = ExportProfilesServiceResponse;
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
-        ExportProfilesServiceResponse::decode(src)
-            .map(Some)
-            .map_err(|e| tonic::Status::internal(format!("undecodable export response: {e}")))
+    fn endpoint(&self) -> &str {
+        self.target.url()
     }
 }

@@ -1,26 +1,45 @@
-//! The OTLP export pipeline: batches are encoded into a bounded queue, and
-//! one task sends them in order, retrying transient failures with backoff.
+//! The export pipeline: batches are encoded into a bounded queue, and one
+//! task sends them in order, retrying transient failures with backoff. The
+//! same pipeline serves every push sink ([`RequestSender`]: OTLP, Parca).
 //!
 //! Nothing is lost while the endpoint is down for less than the retry budget
 //! (5 minutes by default) and the queue has room (at least 5 minutes of
 //! batches); everything that is dropped is counted, by reason.
 
+use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use prost::Message;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::ExportError;
 use super::queue::{Dropped, ExportQueue, QueueLimits, QueuedRequest};
 use super::retry::{RetryPolicy, is_retryable};
-use super::{ExportError, OtlpExporter};
 use crate::model::ProfileBatch;
 
-/// Counters of an [`OtlpPipeline`], all monotonic except the queue gauges.
+/// A push endpoint the pipeline sends to.
+pub trait RequestSender: Send + Sync + 'static {
+    /// Encodes a batch (with samples) as one request body.
+    fn encode_batch(&self, batch: &ProfileBatch) -> Bytes;
+    /// Sends one body, without retrying; `Ok` carries the number of
+    /// profiles the endpoint reported rejecting.
+    fn send_body(
+        &self,
+        body: Bytes,
+    ) -> Pin<Box<dyn Future<Output = Result<u64, ExportError>> + Send + '_>>;
+    /// The endpoint, for logs.
+    fn endpoint(&self) -> &str;
+}
+
+/// The pipeline of the OTLP exporter.
+pub type OtlpPipeline = ExportPipeline<super::OtlpExporter>;
+
+/// Counters of an [`ExportPipeline`], all monotonic except the queue gauges.
 #[derive(Debug, Default)]
 pub struct ExportStats {
     /// Requests the endpoint accepted.
@@ -55,20 +74,20 @@ impl ExportStats {
     }
 }
 
-struct Shared {
-    exporter: OtlpExporter,
+struct Shared<S> {
+    exporter: S,
     retry: RetryPolicy,
     queue: Mutex<ExportQueue>,
     /// Signalled when a request is queued, and at shutdown.
     wake: Notify,
     /// Signalled at shutdown, to cut a retry's wait short.
     stop: Notify,
-    /// Set once by [`OtlpPipeline::shutdown`]: give up at this instant.
+    /// Set once by [`ExportPipeline::shutdown`]: give up at this instant.
     deadline: Mutex<Option<Instant>>,
     stats: Arc<ExportStats>,
 }
 
-impl Shared {
+impl<S> Shared<S> {
     fn queue(&self) -> MutexGuard<'_, ExportQueue> {
         // A panic elsewhere cannot leave the queue half-updated: its methods
         // do not panic between updates. Keep going with it.
@@ -93,15 +112,15 @@ impl Shared {
     }
 }
 
-/// Sends batches to an OTLP endpoint through a bounded queue, with retries.
-pub struct OtlpPipeline {
-    shared: Arc<Shared>,
+/// Sends batches to a push endpoint through a bounded queue, with retries.
+pub struct ExportPipeline<S> {
+    shared: Arc<Shared<S>>,
     sender: JoinHandle<()>,
 }
 
-impl OtlpPipeline {
+impl<S: RequestSender> ExportPipeline<S> {
     /// Starts the sending task. Must be called within a tokio runtime.
-    pub fn start(exporter: OtlpExporter, retry: RetryPolicy, limits: QueueLimits) -> Self {
+    pub fn start(exporter: S, retry: RetryPolicy, limits: QueueLimits) -> Self {
         let shared = Arc::new(Shared {
             exporter,
             retry,
@@ -133,12 +152,11 @@ impl OtlpPipeline {
         if samples == 0 {
             return;
         }
-        let body = Bytes::from(self.shared.exporter.encode(batch).encode_to_vec());
+        let body = self.shared.exporter.encode_batch(batch);
         self.submit_encoded(body, samples);
     }
 
-    /// Queues an already-encoded `ExportProfilesServiceRequest` carrying
-    /// `samples` samples.
+    /// Queues an already-encoded request body carrying `samples` samples.
     pub fn submit_encoded(&self, body: Bytes, samples: u64) {
         let request = QueuedRequest {
             body,
@@ -153,7 +171,8 @@ impl OtlpPipeline {
             tracing::warn!(
                 requests = dropped.requests,
                 samples = dropped.samples,
-                "OTLP export queue full: dropped the oldest profiles"
+                endpoint = self.shared.exporter.endpoint(),
+                "export queue full: dropped the oldest profiles"
             );
         }
         self.shared
@@ -172,13 +191,13 @@ impl OtlpPipeline {
         self.shared.wake.notify_one();
         self.shared.stop.notify_one();
         if let Err(e) = self.sender.await {
-            tracing::warn!("the OTLP sender task failed: {e}");
+            tracing::warn!("the export task failed: {e}");
         }
         self.shared.stats.clone()
     }
 }
 
-async fn send_loop(shared: Arc<Shared>) {
+async fn send_loop<S: RequestSender>(shared: Arc<Shared<S>>) {
     let random = RandomState::new();
     let mut draws = 0u64;
     loop {
@@ -202,7 +221,7 @@ async fn send_loop(shared: Arc<Shared>) {
                 drop_rest(&shared, request.samples);
                 return;
             }
-            let attempt = shared.exporter.send(request.body.clone());
+            let attempt = shared.exporter.send_body(request.body.clone());
             let result = match deadline {
                 Some(d) => tokio::time::timeout_at(d.into(), attempt)
                     .await
@@ -217,11 +236,10 @@ async fn send_loop(shared: Arc<Shared>) {
                 None => attempt.await,
             };
             match result {
-                Ok(accepted) => {
+                Ok(rejected) => {
                     let stats = &shared.stats;
                     stats.sent_requests.fetch_add(1, Relaxed);
                     stats.sent_samples.fetch_add(request.samples, Relaxed);
-                    let rejected = u64::try_from(accepted.rejected_profiles).unwrap_or(0);
                     stats.rejected_profiles.fetch_add(rejected, Relaxed);
                     break;
                 }
@@ -231,7 +249,7 @@ async fn send_loop(shared: Arc<Shared>) {
                         _ => false,
                     };
                     if !retryable {
-                        tracing::warn!(samples = request.samples, "OTLP export refused: {e}");
+                        tracing::warn!(samples = request.samples, "export refused: {e}");
                         shared
                             .stats
                             .dropped_rejected
@@ -241,7 +259,7 @@ async fn send_loop(shared: Arc<Shared>) {
                     if request.queued_at.elapsed() >= shared.retry.max_elapsed {
                         tracing::warn!(
                             samples = request.samples,
-                            "OTLP export still failing after {:?}, dropping: {e}",
+                            "export still failing after {:?}, dropping: {e}",
                             shared.retry.max_elapsed
                         );
                         shared
@@ -254,9 +272,9 @@ async fn send_loop(shared: Arc<Shared>) {
                     let unit = (random.hash_one(draws) >> 11) as f64 / (1u64 << 53) as f64;
                     let wait = shared.retry.backoff(retry, unit);
                     if retry == 0 {
-                        tracing::warn!("OTLP export failed, retrying in {wait:?}: {e}");
+                        tracing::warn!("export failed, retrying in {wait:?}: {e}");
                     } else {
-                        tracing::debug!(retry, "OTLP export failed, retrying in {wait:?}: {e}");
+                        tracing::debug!(retry, "export failed, retrying in {wait:?}: {e}");
                     }
                     retry = retry.saturating_add(1);
                     shared.stats.retries.fetch_add(1, Relaxed);
@@ -276,7 +294,7 @@ async fn send_loop(shared: Arc<Shared>) {
 }
 
 /// Counts the request in hand and everything queued as dropped at shutdown.
-fn drop_rest(shared: &Shared, in_hand: u64) {
+fn drop_rest<S: RequestSender>(shared: &Shared<S>, in_hand: u64) {
     let mut samples = in_hand;
     let mut queue = shared.queue();
     while let Some(request) = queue.pop() {
@@ -287,7 +305,8 @@ fn drop_rest(shared: &Shared, in_hand: u64) {
     if samples > 0 {
         tracing::warn!(
             samples,
-            "OTLP endpoint unreachable at shutdown: dropped unsent profiles"
+            endpoint = shared.exporter.endpoint(),
+            "endpoint unreachable at shutdown: dropped unsent profiles"
         );
     }
     shared.stats.dropped_at_shutdown.fetch_add(samples, Relaxed);

@@ -1,0 +1,165 @@
+//! Parca push: gzipped pprof through `ProfileStoreService/WriteRaw`, one
+//! series per process, as Parca's own agent sends it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use prost::Message;
+
+use super::grpc_client::GrpcTarget;
+use super::pipeline::RequestSender;
+use super::tls::TlsOptions;
+use super::{Compression, ExportError};
+use crate::model::{ProcessProfile, ProfileBatch};
+use crate::pprof::encode_gzip;
+
+/// Parca's profile store messages and (for tests and embedders) service,
+/// generated from the vendored `proto/parca/profilestore/v1alpha1/profilestore.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/parca.profilestore.v1alpha1.rs"));
+}
+
+use proto::{Label, LabelSet, RawProfileSeries, RawSample, WriteRawRequest, WriteRawResponse};
+
+const WRITE_RAW_PATH: &str = "/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw";
+
+/// The `__name__` of icecore's series: Parca's name for on-CPU profiles.
+pub const PARCA_PROFILE_NAME: &str = "process_cpu";
+
+/// How to reach a Parca server.
+#[derive(Debug, Clone)]
+pub struct ParcaOptions {
+    /// `http://host:7070` or `https://…`.
+    pub endpoint: String,
+    /// Bounds connecting and each call.
+    pub timeout: Duration,
+    /// gRPC metadata sent with every request (e.g. `authorization`).
+    pub headers: Vec<(String, String)>,
+    /// Certificate checks and client certificate for `https://`.
+    pub tls: TlsOptions,
+}
+
+impl ParcaOptions {
+    /// Options for `endpoint` with a 10 s timeout.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            timeout: Duration::from_secs(10),
+            headers: Vec::new(),
+            tls: TlsOptions::default(),
+        }
+    }
+}
+
+/// Sends batches to Parca with `WriteRaw` (`normalized = false`: addresses
+/// as the process saw them, mappings with their build IDs, so Parca
+/// symbolizes what icecore could not).
+#[derive(Debug)]
+pub struct ParcaExporter {
+    target: GrpcTarget,
+}
+
+impl ParcaExporter {
+    /// An exporter with the given options; checks the endpoint and headers.
+    pub fn new(options: &ParcaOptions) -> Result<Self, ExportError> {
+        // The profiles are gzipped already; Parca's gRPC server need not
+        // support a second compression.
+        let target = GrpcTarget::new(
+            &options.endpoint,
+            options.timeout,
+            &options.headers,
+            Compression::None,
+            &options.tls,
+        )?;
+        Ok(Self { target })
+    }
+
+    /// The request for `batch`: one series per process with samples.
+    pub fn encode(&self, batch: &ProfileBatch) -> WriteRawRequest {
+        let series = batch
+            .processes
+            .iter()
+            .filter(|p| {
+                p.samples
+                    .iter()
+                    .any(|s| !s.timestamps_unix_nanos.is_empty())
+            })
+            .filter_map(|process| {
+                let one = ProfileBatch {
+                    start_unix_nanos: batch.start_unix_nanos,
+                    duration_nanos: batch.duration_nanos,
+                    period_nanos: batch.period_nanos,
+                    host_name: batch.host_name.clone(),
+                    processes: vec![process.clone()],
+                };
+                match encode_gzip(&one) {
+                    Ok(raw_profile) => Some(RawProfileSeries {
+                        labels: Some(labels(batch, process)),
+                        samples: vec![RawSample {
+                            raw_profile,
+                            executable_info: Vec::new(),
+                        }],
+                    }),
+                    Err(e) => {
+                        tracing::warn!(pid = process.process.pid, "pprof encoding failed: {e}");
+                        None
+                    }
+                }
+            })
+            .collect();
+        WriteRawRequest {
+            series,
+            normalized: false,
+            ..WriteRawRequest::default()
+        }
+    }
+}
+
+/// The series labels: `__name__`, then the process's identity, all valid
+/// Prometheus label names.
+fn labels(batch: &ProfileBatch, process: &ProcessProfile) -> LabelSet {
+    let info = &process.process;
+    let mut labels = vec![
+        label("__name__", PARCA_PROFILE_NAME),
+        label("pid", &info.pid.to_string()),
+        label("comm", &info.executable_name),
+        label("service_name", &info.service_name),
+    ];
+    if !info.executable_path.is_empty() {
+        labels.push(label("executable", &info.executable_path));
+    }
+    if !batch.host_name.is_empty() {
+        labels.push(label("node", &batch.host_name));
+    }
+    LabelSet { labels }
+}
+
+fn label(name: &str, value: &str) -> Label {
+    Label {
+        name: name.to_owned(),
+        value: value.to_owned(),
+    }
+}
+
+impl RequestSender for ParcaExporter {
+    fn encode_batch(&self, batch: &ProfileBatch) -> Bytes {
+        Bytes::from(self.encode(batch).encode_to_vec())
+    }
+
+    fn send_body(
+        &self,
+        body: Bytes,
+    ) -> Pin<Box<dyn Future<Output = Result<u64, ExportError>> + Send + '_>> {
+        Box::pin(async move {
+            let _: WriteRawResponse = self.target.unary(WRITE_RAW_PATH, body).await?;
+            Ok(0)
+        })
+    }
+
+    fn endpoint(&self) -> &str {
+        self.target.url()
+    }
+}
