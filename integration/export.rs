@@ -176,6 +176,16 @@ fn the_official_python_bindings_decode_the_export() {
     }
 }
 
+/// `VmHWM` of a process, in KiB.
+fn peak_rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
 mod forwarding {
     use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
     use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
@@ -409,6 +419,27 @@ fn received_otlp_is_forwarded_and_bad_input_refused() {
             .extend((0..20).map(|_| "x".repeat(1 << 20)));
         let code = forwarding::send(&url, huge, token).await;
         assert_ne!(code, tonic::Code::Ok, "an oversized request was accepted");
+        // A flood of 24 concurrent 15 MiB requests, each with a dangling
+        // index deep inside: refused, with memory bounded by the receiver's
+        // concurrency limit rather than by the flood.
+        let mut big_bad = valid();
+        big_bad
+            .dictionary
+            .as_mut()
+            .unwrap()
+            .string_table
+            .extend((0..15).map(|_| "y".repeat((1 << 20) - 64)));
+        big_bad.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].stack_index = 9;
+        let flood: Vec<_> = (0..24)
+            .map(|_| {
+                let request = big_bad.clone();
+                let url = url.clone();
+                tokio::spawn(async move { forwarding::send(&url, request, token).await })
+            })
+            .collect();
+        for task in flood {
+            assert_eq!(task.await.unwrap(), tonic::Code::InvalidArgument);
+        }
         assert_eq!(
             forwarding::send(&url, valid(), token).await,
             tonic::Code::Ok
@@ -436,7 +467,18 @@ fn received_otlp_is_forwarded_and_bad_input_refused() {
     assert_eq!(curl("authorization: Bearer let-me-in"), "200");
     accepted += 1;
     assert_eq!(curl("x-none: 1"), "401");
+    let peak_rss_kib = peak_rss_kib(icecore.pid());
     icecore.wait_success(RUN + EXIT_GRACE);
+    println!(
+        "icecore peak RSS after the floods: {} MiB",
+        peak_rss_kib / 1024
+    );
+    // 4 requests decoded at once, 16 MiB each (about 195 MiB measured);
+    // without the concurrency limit the same flood peaks at about 334 MiB.
+    assert!(
+        peak_rss_kib < 280 * 1024,
+        "peak RSS {peak_rss_kib} KiB: the flood was not bounded"
+    );
 
     let remote = |samples: &[support::summary::DecodedSample]| -> u64 {
         samples

@@ -21,8 +21,9 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 use tracing::{info, warn};
 
 /// Requests handled at once; more wait for a slot, which bounds the memory
-/// that decoding requests can take to this many times the message limit.
-const MAX_CONCURRENT_REQUESTS: usize = 8;
+/// that decoding requests can take to this many times the message limit
+/// (16 MiB), plus what decoding expands them to.
+const MAX_CONCURRENT_REQUESTS: usize = 4;
 /// Accepted requests waiting for the sinks; more are refused with
 /// RESOURCE_EXHAUSTED, and the sender retries.
 pub const FORWARD_QUEUE: usize = 16;
