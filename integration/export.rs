@@ -417,8 +417,11 @@ fn received_otlp_is_forwarded_and_bad_input_refused() {
             .unwrap()
             .string_table
             .extend((0..20).map(|_| "x".repeat(1 << 20)));
-        let code = forwarding::send(&url, huge, token).await;
-        assert_ne!(code, tonic::Code::Ok, "an oversized request was accepted");
+        assert_eq!(
+            forwarding::send(&url, huge, token).await,
+            tonic::Code::InvalidArgument,
+            "oversized request"
+        );
         // A flood of 24 concurrent 15 MiB requests, each with a dangling
         // index deep inside: refused, with memory bounded by the receiver's
         // concurrency limit rather than by the flood.

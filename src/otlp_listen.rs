@@ -17,7 +17,7 @@ use icecore_otlp::receive::{
     accept_http,
 };
 use tokio::sync::mpsc;
-use tower::limit::GlobalConcurrencyLimitLayer;
+use tower::{ServiceBuilder, limit::GlobalConcurrencyLimitLayer};
 use tracing::{info, warn};
 
 /// Requests handled at once; more wait for a slot, which bounds the memory
@@ -47,7 +47,12 @@ pub async fn serve(
     let bound = listener.local_addr().unwrap_or(address);
     let app = Router::new()
         .route(HTTP_PATH, post(http_export))
-        .route_service(GRPC_SERVICE_PATH, receiver.clone().into_service())
+        .route_service(
+            GRPC_SERVICE_PATH,
+            ServiceBuilder::new()
+                .map_response(oversized_is_invalid_argument)
+                .service(receiver.clone().into_service()),
+        )
         .layer(DefaultBodyLimit::max(limits.max_message_bytes))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
         .with_state(receiver);
@@ -58,6 +63,29 @@ pub async fn serve(
         }
     });
     Ok(stats)
+}
+
+/// tonic refuses a message over the size limit with `OUT_OF_RANGE` before
+/// the service sees it; for the receiver that is a bad request like any
+/// other, so it answers `INVALID_ARGUMENT` (its message, naming the size and
+/// the limit, is kept). The status of such an early refusal is in the
+/// response headers (a trailers-only response).
+fn oversized_is_invalid_argument<B>(
+    mut response: axum::http::Response<B>,
+) -> axum::http::Response<B> {
+    const OUT_OF_RANGE: &str = "11";
+    const INVALID_ARGUMENT: &str = "3";
+    let headers = response.headers_mut();
+    if headers
+        .get("grpc-status")
+        .is_some_and(|v| v == OUT_OF_RANGE)
+    {
+        headers.insert(
+            "grpc-status",
+            axum::http::HeaderValue::from_static(INVALID_ARGUMENT),
+        );
+    }
+    response
 }
 
 async fn http_export(
