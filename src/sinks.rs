@@ -45,21 +45,26 @@ pub struct SinkReport {
     pub parca_samples_dropped: u64,
 }
 
-/// The exporter options the settings describe; reads the token file.
-fn otlp_options(config: &Config, url: &str) -> anyhow::Result<OtlpExporterOptions> {
+/// The exporter options the settings describe.
+fn otlp_options(config: &Config, url: &str) -> OtlpExporterOptions {
     let mut headers = config.otlp_headers.clone();
-    if let Some(token) = &config.otlp_bearer_token {
-        let token = match token {
-            BearerToken::File(path) => read_token(path)
-                .with_context(|| format!("--otlp-bearer-token-file {}", path.display()))?,
-            BearerToken::Value(secret) => secret.expose().to_owned(),
-        };
-        headers.retain(|(name, _)| !name.eq_ignore_ascii_case("authorization"));
-        headers.push(("authorization".to_owned(), format!("Bearer {token}")));
+    let mut bearer_token_file = None;
+    match &config.otlp_bearer_token {
+        // Re-read by the exporter, so a rotated token is followed.
+        Some(BearerToken::File(path)) => bearer_token_file = Some(path.clone()),
+        Some(BearerToken::Value(secret)) => {
+            headers.retain(|(name, _)| !name.eq_ignore_ascii_case("authorization"));
+            headers.push((
+                "authorization".to_owned(),
+                format!("Bearer {}", secret.expose()),
+            ));
+        }
+        None => {}
     }
-    Ok(OtlpExporterOptions {
+    OtlpExporterOptions {
         timeout: config.otlp_timeout,
         headers,
+        bearer_token_file,
         compression: match config.otlp_compression {
             OtlpCompression::Gzip => Compression::Gzip,
             OtlpCompression::None => Compression::None,
@@ -80,7 +85,7 @@ fn otlp_options(config: &Config, url: &str) -> anyhow::Result<OtlpExporterOption
             insecure_skip_verify: config.otlp_tls.insecure_skip_verify,
         },
         ..OtlpExporterOptions::new(url)
-    })
+    }
 }
 
 /// Reads a bearer token file: at most 64 KiB, printable ASCII, trimmed.
@@ -110,7 +115,7 @@ impl Sinks {
     pub fn from_config(config: &Config) -> anyhow::Result<Self> {
         let otlp = match &config.otlp {
             Some(endpoint) => {
-                let options = otlp_options(config, &endpoint.url)?;
+                let options = otlp_options(config, &endpoint.url);
                 let insecure = options.tls.insecure_skip_verify;
                 let exporter = OtlpExporter::new(options)
                     .with_context(|| format!("--otlp-endpoint {}", endpoint.url))?;

@@ -14,6 +14,7 @@ use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Channel, Endpoint};
 
 use super::tls::TlsOptions;
+use super::token_file::{TOKEN_REFRESH, TokenFile};
 use super::{Compression, ExportError};
 
 /// Largest request sent, the usual collector receive limit (32 MiB).
@@ -25,17 +26,20 @@ pub(crate) struct GrpcTarget {
     url: String,
     config: Endpoint,
     metadata: MetadataMap,
+    token: Option<TokenFile>,
     compression: Compression,
     // Created on first use: tonic's channel spawns a task, which needs a runtime.
     channel: OnceLock<Channel>,
 }
 
 impl GrpcTarget {
-    /// Checks the URL (`http://` or `https://`), TLS options and headers.
+    /// Checks the URL (`http://` or `https://`), TLS options and headers,
+    /// and reads the bearer token file, if any.
     pub(crate) fn new(
         url: &str,
         timeout: Duration,
         headers: &[(String, String)],
+        bearer_token_file: Option<&std::path::Path>,
         compression: Compression,
         tls: &TlsOptions,
     ) -> Result<Self, ExportError> {
@@ -69,6 +73,9 @@ impl GrpcTarget {
             url: url.to_owned(),
             config,
             metadata: metadata(headers)?,
+            token: bearer_token_file
+                .map(|path| TokenFile::open(path, TOKEN_REFRESH))
+                .transpose()?,
             compression,
             channel: OnceLock::new(),
         })
@@ -114,6 +121,11 @@ impl GrpcTarget {
         })?;
         let mut request = tonic::Request::new(body);
         *request.metadata_mut() = self.metadata.clone();
+        if let Some(token) = &self.token {
+            request
+                .metadata_mut()
+                .insert("authorization", token.value());
+        }
         let codec = RawCodec::<R>(PhantomData);
         grpc.unary(request, PathAndQuery::from_static(path), codec)
             .await

@@ -9,6 +9,7 @@ mod pprof_dir;
 mod queue;
 mod retry;
 mod tls;
+mod token_file;
 
 use std::path::PathBuf;
 
@@ -20,6 +21,7 @@ pub use pprof_dir::PprofDirWriter;
 pub use queue::{Dropped, ExportQueue, QueueLimits, QueuedRequest};
 pub use retry::{RetryPolicy, is_retryable};
 pub use tls::TlsOptions;
+pub use token_file::TOKEN_REFRESH;
 
 use crate::pprof::PprofError;
 
@@ -57,6 +59,14 @@ pub enum ExportError {
         name: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// A bearer token file cannot be used.
+    #[error("bearer token file {}: {reason}", path.display())]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A CA, certificate or key file for TLS cannot be read.
     #[error("cannot read TLS file {}", path.display())]

@@ -51,6 +51,9 @@ pub struct OtlpExporterOptions {
     pub resource: ResourceAttributes,
     /// Certificate checks and client certificate for `https://` endpoints.
     pub tls: TlsOptions,
+    /// File holding a bearer token, sent as `authorization: Bearer …` and
+    /// re-read every [`super::TOKEN_REFRESH`] to follow rotation.
+    pub bearer_token_file: Option<std::path::PathBuf>,
 }
 
 impl OtlpExporterOptions {
@@ -65,6 +68,7 @@ impl OtlpExporterOptions {
             scope_version: env!("CARGO_PKG_VERSION").to_owned(),
             resource: ResourceAttributes::default(),
             tls: TlsOptions::default(),
+            bearer_token_file: None,
         }
     }
 }
@@ -115,6 +119,7 @@ impl OtlpExporter {
             &options.endpoint,
             options.timeout,
             &options.headers,
+            options.bearer_token_file.as_deref(),
             options.compression,
             &options.tls,
         )?;

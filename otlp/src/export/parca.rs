@@ -40,6 +40,9 @@ pub struct ParcaOptions {
     pub headers: Vec<(String, String)>,
     /// Certificate checks and client certificate for `https://`.
     pub tls: TlsOptions,
+    /// File holding a bearer token, sent as `authorization: Bearer …` and
+    /// re-read every [`super::TOKEN_REFRESH`] to follow rotation.
+    pub bearer_token_file: Option<std::path::PathBuf>,
 }
 
 impl ParcaOptions {
@@ -50,6 +53,7 @@ impl ParcaOptions {
             timeout: Duration::from_secs(10),
             headers: Vec::new(),
             tls: TlsOptions::default(),
+            bearer_token_file: None,
         }
     }
 }
@@ -71,6 +75,7 @@ impl ParcaExporter {
             &options.endpoint,
             options.timeout,
             &options.headers,
+            options.bearer_token_file.as_deref(),
             Compression::None,
             &options.tls,
         )?;
