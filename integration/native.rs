@@ -577,6 +577,13 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
          {orphans:x?}",
         orphans.len()
     );
+    assert_eq!(
+        fin.process_slots.len(),
+        fin.processes.len(),
+        "{TEST}: PROCESS_MAPPINGS holds {} tables for {} described pids: slots leaked",
+        fin.process_slots.len(),
+        fin.processes.len()
+    );
     if new_unrelated.is_empty() && gone.is_empty() {
         assert_eq!(
             fin.processes.len(),

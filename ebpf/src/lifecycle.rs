@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use icecore_unwinders::events::{ProcessEvent, ProcessEventKind};
 
-use crate::maps::{PROCESS_EVENTS, PROCESS_MAPPINGS};
+use crate::maps::{PROCESS_EVENTS, PROCESS_SLOTS};
 
 #[inline(always)]
 fn report(kind: ProcessEventKind) {
@@ -19,7 +19,7 @@ fn report(kind: ProcessEventKind) {
         return;
     }
     // SAFETY: presence test only.
-    if unsafe { PROCESS_MAPPINGS.get(&pid) }.is_none() {
+    if unsafe { PROCESS_SLOTS.get(&pid) }.is_none() {
         return;
     }
     // A full ring loses the event; user space's periodic sweep catches it.

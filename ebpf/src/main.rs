@@ -116,19 +116,18 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
     scratch.state.dwarf_frames = 0;
     scratch.state.frame_pointer_frames = 0;
     scratch.stack.clear();
-    let next = match user {
-        Some(registers) => {
-            scratch.state.registers = registers;
-            ProgramIndex::NativeUnwinder
-        }
-        None => {
-            count(Counter::NoUserRegisters);
-            scratch.record.header.flags |= flags::NO_USER_REGISTERS;
-            ProgramIndex::Emit
-        }
+    let Some(registers) = user else {
+        count(Counter::NoUserRegisters);
+        scratch.record.header.flags |= flags::NO_USER_REGISTERS;
+        // Emitted in place, so that the one tail call below has a constant
+        // index: the JIT patches a direct jump for it, where a variable index
+        // costs an indirect jump (a retpoline on most hosts).
+        emit::emit(scratch);
+        return 0;
     };
+    scratch.state.registers = registers;
     // SAFETY: the program array holds programs of this same type.
-    unsafe { PROGRAMS.tail_call(&ctx, next as u32) };
+    unsafe { PROGRAMS.tail_call(&ctx, ProgramIndex::NativeUnwinder as u32) };
     count(Counter::TailCallFailed);
     0
 }

@@ -2,13 +2,13 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_INNER_MAP, BPF_F_MMAPABLE},
-    btf_maps::{Array, ArrayOfMaps, HashOfMaps},
+    btf_maps::{Array, ArrayOfMaps},
     macros::{btf_map, map},
     maps::{HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use icecore_unwinders::{
     COUNTER_COUNT, Counter, UnwindScratch,
-    native::{ProcessMappingTable, UnwindChunk},
+    native::{ProcessMappingTable, UnwindChunk, mappings::PROCESS_SLOTS_MAX},
     programs::PROGRAM_COUNT,
 };
 
@@ -23,14 +23,19 @@ pub const UNWIND_TABLE_FLAGS: usize = (BPF_F_MMAPABLE | BPF_F_INNER_MAP) as usiz
 pub static UNWIND_TABLES: ArrayOfMaps<Array<UnwindChunk, 1, UNWIND_TABLE_FLAGS>, 4096> =
     ArrayOfMaps::new();
 
-/// The executable mappings of each known process: pid → a one-element array
-/// holding its table. Perf-event programs may only use preallocated hashes
-/// before Linux 6.1, and preallocating 10 KiB per possible process would be
-/// wasteful: the outer map holds pointers, and each described process costs
-/// one inner array.
+/// The executable mappings of each known process, at the slot user space
+/// chose for it (found through `PROCESS_SLOTS`): a one-element array holding
+/// its table. The outer array holds pointers, so each described process
+/// costs one inner array, and a lookup by slot is inlined by the kernel.
 #[btf_map]
-pub static PROCESS_MAPPINGS: HashOfMaps<u32, Array<ProcessMappingTable, 1, 0>, 16384> =
-    HashOfMaps::new();
+pub static PROCESS_MAPPINGS: ArrayOfMaps<Array<ProcessMappingTable, 1, 0>, PROCESS_SLOTS_MAX> =
+    ArrayOfMaps::new();
+
+/// pid → slot of its table in `PROCESS_MAPPINGS`. Preallocated, as perf-event
+/// programs require before Linux 6.1.
+#[map]
+pub static PROCESS_SLOTS: HashMap<u32, u32> =
+    HashMap::with_max_entries(PROCESS_SLOTS_MAX as u32, 0);
 
 /// Tail-call targets, indexed by `ProgramIndex`.
 #[map]

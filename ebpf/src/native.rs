@@ -12,11 +12,14 @@ use icecore_unwinders::{
     BlockReader, Counter, MAX_TAIL_CALLS, MemoryReader, ProgramIndex, Registers, StepOutcome,
     WindowedReader,
     memory::{STACK_WINDOW_BYTES, STACK_WINDOW_WORDS},
-    native::{ProcessMappingTable, RowCache, dwarf_step, find_row, frame_pointer_step},
+    native::{
+        ProcessMappingTable, ProcessSlotCache, ProcessSlotEntry, RowCache, dwarf_step, find_row,
+        frame_pointer_step,
+    },
     sample::{MAX_FRAMES, MAX_USER_FRAMES, flags},
 };
 
-use crate::maps::{PROCESS_MAPPINGS, PROGRAMS, SCRATCH, UNWIND_TABLES, count};
+use crate::maps::{PROCESS_MAPPINGS, PROCESS_SLOTS, PROGRAMS, SCRATCH, UNWIND_TABLES, count};
 
 /// Frames walked per program run; tail calls continue. Each frame costs the
 /// verifier about 4,400 instructions (the searches have fixed probe counts),
@@ -104,6 +107,37 @@ fn zero(mappings: &ProcessMappingTable) -> u32 {
     unsafe { core::ptr::read_volatile(&mappings.reserved) }
 }
 
+/// The mapping table of `pid`: through this CPU's slot cache when it
+/// remembers the pid and the slot still holds that pid's table, through the
+/// `PROCESS_SLOTS` hash otherwise.
+#[inline(always)]
+fn process_mappings(
+    cache: &mut ProcessSlotCache,
+    pid: u32,
+) -> Option<&'static ProcessMappingTable> {
+    let cached = cache.entry_mut(pid);
+    if cached.pid == pid
+        && let Some(table) = table_at(cached.slot)
+        && table.pid == pid
+    {
+        return Some(table);
+    }
+    // SAFETY: a plain value read.
+    let slot = *unsafe { PROCESS_SLOTS.get(&pid) }?;
+    let table = table_at(slot)?;
+    if table.pid != pid {
+        return None;
+    }
+    *cached = ProcessSlotEntry { pid, slot };
+    Some(table)
+}
+
+#[inline(always)]
+fn table_at(slot: u32) -> Option<&'static ProcessMappingTable> {
+    // Only read; user space replaces a process's inner map whole.
+    PROCESS_MAPPINGS.get_value(slot, &0)
+}
+
 pub fn unwind(ctx: &PerfEventContext) -> u32 {
     let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
         count(Counter::ScratchUnavailable);
@@ -112,8 +146,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     // SAFETY: per-CPU value owned by this CPU's tail-call chain.
     let scratch = unsafe { &mut *scratch };
     let pid = scratch.record.header.pid;
-    // SAFETY: only read; user space replaces a process's inner map whole.
-    let mappings = unsafe { PROCESS_MAPPINGS.get_value(&pid, &0) };
+    let mappings = process_mappings(&mut scratch.processes, pid);
     if mappings.is_none() && scratch.state.tail_calls == 0 {
         count(Counter::UnknownProcess);
     }

@@ -2,28 +2,30 @@
 // SPDX-License-Identifier: Apache-2.0
 
 //! The native unwinder's BPF maps of a running icecore, read directly from the
-//! kernel (not through icecore's metrics): `PROCESS_MAPPINGS` (pid → a
-//! one-element array holding the process's mapping table) and `UNWIND_TABLES`
-//! (slot → a file's table). The maps are found by name among the maps the
+//! kernel (not through icecore's metrics): `PROCESS_SLOTS` (pid → slot),
+//! `PROCESS_MAPPINGS` (slot → a one-element array holding the process's
+//! mapping table) and `UNWIND_TABLES` (slot → a file's table). The maps are found by name among the maps the
 //! icecore process holds open (`/proc/PID/fdinfo`'s `map_id`), so another
 //! agent running on the machine is never confused with the one under test.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aya::maps::{Array, ArrayOfMaps, HashOfMaps, Map, MapData, MapInfo, MapType};
+use aya::maps::{Array, ArrayOfMaps, HashMap, Map, MapData, MapInfo, MapType};
 use icecore_unwinders::native::ProcessMappingTable;
 
 /// The names as the kernel stores them (at most 15 bytes).
 const PROCESS_MAPPINGS: &str = "PROCESS_MAPPING";
+const PROCESS_SLOTS: &str = "PROCESS_SLOTS";
 const UNWIND_TABLES: &str = "UNWIND_TABLES";
 
 /// One executable mapping of a process as BPF sees it (`table_rows` is 0
 /// while the file has no table: frame pointers are used there).
 pub use icecore_unwinders::native::MappingEntry;
 
-/// Both maps of one icecore process.
+/// The maps of one icecore process.
 pub struct UnwinderMaps {
-    processes: HashOfMaps<MapData, u32, Array<MapData, ProcessMappingTable>>,
+    slots: HashMap<MapData, u32, u32>,
+    processes: ArrayOfMaps<MapData, Array<MapData, ProcessMappingTable>>,
     tables: ArrayOfMaps<MapData, MapData>,
     pub process_map_id: u32,
     pub tables_map_id: u32,
@@ -70,15 +72,19 @@ impl UnwinderMaps {
     /// The maps of icecore process `pid`; None until it has loaded them.
     pub fn of_icecore(pid: u32) -> Option<UnwinderMaps> {
         let owned = map_ids_of(pid);
-        let processes = find_map(PROCESS_MAPPINGS, MapType::HashOfMaps, &owned)?;
+        let processes = find_map(PROCESS_MAPPINGS, MapType::ArrayOfMaps, &owned)?;
+        let slots = find_map(PROCESS_SLOTS, MapType::Hash, &owned)?;
         let tables = find_map(UNWIND_TABLES, MapType::ArrayOfMaps, &owned)?;
         let process_map_id = processes.info().ok()?.id();
         let tables_map_id = tables.info().ok()?.id();
-        let processes = HashOfMaps::try_from(Map::HashOfMaps(processes))
-            .unwrap_or_else(|e| panic!("{PROCESS_MAPPINGS} is not a u32-keyed hash of maps: {e}"));
+        let processes = ArrayOfMaps::try_from(Map::ArrayOfMaps(processes))
+            .unwrap_or_else(|e| panic!("{PROCESS_MAPPINGS} is not an array of maps: {e}"));
+        let slots = HashMap::try_from(Map::HashMap(slots))
+            .unwrap_or_else(|e| panic!("{PROCESS_SLOTS} is not a u32 → u32 hash: {e}"));
         let tables = ArrayOfMaps::try_from(Map::ArrayOfMaps(tables))
             .unwrap_or_else(|e| panic!("{UNWIND_TABLES} is not an array of maps: {e}"));
         Some(UnwinderMaps {
+            slots,
             processes,
             tables,
             process_map_id,
@@ -107,7 +113,14 @@ impl UnwinderMaps {
 
     /// Pids with a mapping table.
     pub fn pids(&self) -> BTreeSet<u32> {
-        self.processes.keys().filter_map(Result::ok).collect()
+        self.slots.keys().filter_map(Result::ok).collect()
+    }
+
+    /// Slots of `PROCESS_MAPPINGS` holding a table.
+    pub fn process_slots(&self) -> BTreeSet<u32> {
+        (0..self.processes.len())
+            .filter(|slot| self.processes.get(slot, 0).is_ok())
+            .collect()
     }
 
     /// Slots of `UNWIND_TABLES` holding a table.
@@ -119,8 +132,10 @@ impl UnwinderMaps {
 
     /// The mapping table of `pid` (entries in use only); None if it has none.
     pub fn mappings_of(&self, pid: u32) -> Option<Vec<MappingEntry>> {
-        let inner = self.processes.get(&pid, 0).ok()?;
+        let slot = self.slots.get(&pid, 0).ok()?;
+        let inner = self.processes.get(&slot, 0).ok()?;
         let table = inner.get(&0, 0).ok()?;
+        assert_eq!(table.pid, pid, "the table at slot {slot} names another pid");
         let count = (table.count as usize).min(table.entries.len());
         Some(table.entries[..count].to_vec())
     }
@@ -132,12 +147,17 @@ impl UnwinderMaps {
         let mut last: Option<Snapshot> = None;
         for _ in 0..20 {
             let tables = self.table_slots();
+            let process_slots = self.process_slots();
             let processes: BTreeMap<u32, Vec<MappingEntry>> = self
                 .pids()
                 .into_iter()
                 .filter_map(|pid| self.mappings_of(pid).map(|m| (pid, m)))
                 .collect();
-            let snap = Snapshot { processes, tables };
+            let snap = Snapshot {
+                processes,
+                tables,
+                process_slots,
+            };
             if last.as_ref() == Some(&snap) {
                 return snap;
             }
@@ -154,6 +174,8 @@ pub struct Snapshot {
     pub processes: BTreeMap<u32, Vec<MappingEntry>>,
     /// Occupied slots of `UNWIND_TABLES`.
     pub tables: BTreeSet<u32>,
+    /// Occupied slots of `PROCESS_MAPPINGS`.
+    pub process_slots: BTreeSet<u32>,
 }
 
 impl Snapshot {

@@ -122,8 +122,8 @@ impl CpuProfiler {
             Err(e) => debug!("tracefs not mounted at {}: {e}", host::TRACEFS),
         }
         let mut sampler = CpuSampler::start(&options.sampler)?;
-        let native = sampler.take_unwind_maps().and_then(|(tables, processes)| {
-            let maps = UnwindMaps::new(tables, processes)
+        let native = sampler.take_unwind_maps().and_then(|set| {
+            let maps = UnwindMaps::new(set)
                 .map_err(|e| warn!("DWARF unwinding off, frame pointers only: {e}"))
                 .ok()?;
             NativeUnwindInfo::new(

@@ -7,7 +7,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, Map, MapData, PerCpuArray, ProgramArray, RingBuf},
+    maps::{HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{
         PerfEvent, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -16,7 +16,7 @@ use aya::{
 use icecore_unwinders::{COUNTER_COUNT, Counter, ProgramIndex};
 use tracing::{debug, info, warn};
 
-use crate::{host, kernel_btf};
+use crate::{host, kernel_btf, unwind_maps::UnwindMapSet};
 
 /// The compiled BPF object (see build.rs).
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/icecore"));
@@ -107,7 +107,7 @@ pub struct CpuSampler {
     ebpf: Ebpf,
     ring: RingBuf<MapData>,
     events: RingBuf<MapData>,
-    unwind_maps: Option<(Map, Map)>,
+    unwind_maps: Option<UnwindMapSet>,
     counters: PerCpuArray<MapData, u64>,
     // The kernel empties a program array when its last user-space reference
     // closes, which would silently turn every tail call into a failure.
@@ -236,7 +236,14 @@ impl CpuSampler {
         let processes = ebpf
             .take_map("PROCESS_MAPPINGS")
             .ok_or(SamplerError::MissingMap("PROCESS_MAPPINGS"))?;
-        let unwind_maps = Some((tables, processes));
+        let slots = ebpf
+            .take_map("PROCESS_SLOTS")
+            .ok_or(SamplerError::MissingMap("PROCESS_SLOTS"))?;
+        let unwind_maps = Some(UnwindMapSet {
+            tables,
+            processes,
+            slots,
+        });
 
         for (name, category, tracepoint) in LIFECYCLE_PROGRAMS {
             let program: &mut TracePoint = ebpf
@@ -300,7 +307,7 @@ impl CpuSampler {
     }
 
     /// The unwind-table and process-mapping maps, once (the caller owns them after).
-    pub fn take_unwind_maps(&mut self) -> Option<(Map, Map)> {
+    pub fn take_unwind_maps(&mut self) -> Option<UnwindMapSet> {
         self.unwind_maps.take()
     }
 

@@ -1,14 +1,15 @@
 //! The BPF maps that describe native code to the unwinder: one unwind table
 //! per executable file (an exactly-sized array of 4 KiB chunks filled through
 //! mmap, set at a free slot of `UNWIND_TABLES`) and one mapping table per
-//! process.
+//! process (at a free slot of `PROCESS_MAPPINGS`, found by BPF through the
+//! pid → slot hash `PROCESS_SLOTS`).
 
 use std::{
     collections::HashMap as StdHashMap,
     os::fd::{AsFd, AsRawFd},
 };
 
-use aya::maps::{Array, ArrayOfMaps, HashOfMaps, Map, MapData, MapError};
+use aya::maps::{Array, ArrayOfMaps, HashMap, Map, MapData, MapError};
 use icecore_unwinders::native::{ProcessMappingTable, UnwindChunk, UnwindRow, chunks::to_chunks};
 
 /// The flags every unwind table must have: the kernel only accepts inner maps
@@ -30,7 +31,7 @@ pub enum UnwindMapError {
     /// Mapping a table's array into memory failed.
     #[error("cannot mmap an unwind table: {0}")]
     Mmap(std::io::Error),
-    /// An update of `UNWIND_TABLES` or `PROCESS_MAPPINGS` failed.
+    /// An update of `UNWIND_TABLES`, `PROCESS_MAPPINGS` or `PROCESS_SLOTS` failed.
     #[error("BPF map {map}: {source}")]
     Update {
         /// The map.
@@ -41,12 +42,25 @@ pub enum UnwindMapError {
     /// The table is empty or larger than BPF can search.
     #[error("unwind table of {0} rows is empty or too large")]
     BadSize(usize),
-    /// `UNWIND_TABLES` is not an array of maps, or its descriptor cannot be duplicated.
-    #[error("UNWIND_TABLES: {0}")]
+    /// `UNWIND_TABLES` or `PROCESS_MAPPINGS` is not an array of maps, or its descriptor cannot be duplicated.
+    #[error("unwind map descriptor: {0}")]
     Descriptor(std::io::Error),
     /// Every slot of `UNWIND_TABLES` holds a table.
     #[error("all {0} unwind table slots are in use")]
     NoFreeSlot(u32),
+    /// Every slot of `PROCESS_MAPPINGS` holds a process's table.
+    #[error("all {0} process mapping slots are in use")]
+    NoFreeProcessSlot(u32),
+}
+
+/// The maps [`UnwindMaps`] owns, as taken from the loaded object.
+pub struct UnwindMapSet {
+    /// `UNWIND_TABLES`: array of per-file unwind tables.
+    pub tables: Map,
+    /// `PROCESS_MAPPINGS`: array of per-process mapping tables.
+    pub processes: Map,
+    /// `PROCESS_SLOTS`: pid → slot in `PROCESS_MAPPINGS`.
+    pub slots: Map,
 }
 
 /// A table in `UNWIND_TABLES`.
@@ -59,7 +73,14 @@ struct Installed {
 /// Owner of the unwinder's maps.
 pub struct UnwindMaps {
     tables: ArrayOfMaps<MapData, MapData>,
-    processes: HashOfMaps<MapData, u32, Array<MapData, ProcessMappingTable>>,
+    processes: ArrayOfMaps<MapData, Array<MapData, ProcessMappingTable>>,
+    /// A second descriptor of `PROCESS_MAPPINGS`, for the deletes aya lacks.
+    processes_fd: std::os::fd::OwnedFd,
+    slots: HashMap<MapData, u32, u32>,
+    /// The slot of each process with a table.
+    process_slots: StdHashMap<u32, u32>,
+    /// Unused slots of `PROCESS_MAPPINGS`, lowest last.
+    free_process_slots: Vec<u32>,
     installed: StdHashMap<u64, Installed>,
     /// A second descriptor of `UNWIND_TABLES`, for the deletes aya lacks.
     tables_fd: std::os::fd::OwnedFd,
@@ -70,26 +91,32 @@ pub struct UnwindMaps {
 
 impl UnwindMaps {
     /// Wraps the maps taken from the loaded object.
-    pub fn new(tables: Map, processes: Map) -> Result<Self, UnwindMapError> {
-        let tables_fd = match &tables {
-            Map::ArrayOfMaps(data) => data.fd().as_fd().try_clone_to_owned(),
-            _ => Err(std::io::Error::other("not an array of maps")),
-        }
-        .map_err(UnwindMapError::Descriptor)?;
+    pub fn new(maps: UnwindMapSet) -> Result<Self, UnwindMapError> {
+        let tables_fd = duplicate_array_of_maps(&maps.tables)?;
         let tables: ArrayOfMaps<MapData, MapData> =
-            ArrayOfMaps::try_from(tables).map_err(|source| UnwindMapError::Update {
+            ArrayOfMaps::try_from(maps.tables).map_err(|source| UnwindMapError::Update {
                 map: "UNWIND_TABLES",
                 source,
             })?;
         let free_slots = (0..tables.len()).rev().collect();
-        let processes =
-            HashOfMaps::try_from(processes).map_err(|source| UnwindMapError::Update {
+        let processes_fd = duplicate_array_of_maps(&maps.processes)?;
+        let processes: ArrayOfMaps<MapData, Array<MapData, ProcessMappingTable>> =
+            ArrayOfMaps::try_from(maps.processes).map_err(|source| UnwindMapError::Update {
                 map: "PROCESS_MAPPINGS",
                 source,
             })?;
+        let free_process_slots = (0..processes.len()).rev().collect();
+        let slots = HashMap::try_from(maps.slots).map_err(|source| UnwindMapError::Update {
+            map: "PROCESS_SLOTS",
+            source,
+        })?;
         Ok(UnwindMaps {
             tables,
             processes,
+            processes_fd,
+            slots,
+            process_slots: StdHashMap::new(),
+            free_process_slots,
             installed: StdHashMap::new(),
             tables_fd,
             free_slots,
@@ -184,32 +211,73 @@ impl UnwindMaps {
         self.installed.len()
     }
 
-    /// Writes a process's mapping table.
+    /// Writes a process's mapping table. `table.pid` is set to `pid`: BPF
+    /// checks it before trusting a slot it remembered.
     pub fn set_process(
         &mut self,
         pid: u32,
         table: &ProcessMappingTable,
     ) -> Result<(), UnwindMapError> {
-        let update = |source| UnwindMapError::Update {
-            map: "PROCESS_MAPPINGS",
-            source,
-        };
+        let update = |map| move |source| UnwindMapError::Update { map, source };
+        let mut table = *table;
+        table.pid = pid;
         // A fresh inner array per write: the kernel swaps the pointer
         // atomically, so BPF never sees a half-written table.
-        let mut inner = Array::<MapData, ProcessMappingTable>::create(1, 0).map_err(update)?;
-        inner.set(0, table, 0).map_err(update)?;
-        self.processes.insert(pid, &inner, 0).map_err(update)
+        let mut inner = Array::<MapData, ProcessMappingTable>::create(1, 0)
+            .map_err(update("PROCESS_MAPPINGS"))?;
+        inner.set(0, table, 0).map_err(update("PROCESS_MAPPINGS"))?;
+        if let Some(&slot) = self.process_slots.get(&pid) {
+            return self
+                .processes
+                .set(slot, &inner, 0)
+                .map_err(update("PROCESS_MAPPINGS"));
+        }
+        let slot = *self
+            .free_process_slots
+            .last()
+            .ok_or(UnwindMapError::NoFreeProcessSlot(self.processes.len()))?;
+        self.processes
+            .set(slot, &inner, 0)
+            .map_err(update("PROCESS_MAPPINGS"))?;
+        if let Err(e) = self.slots.insert(pid, slot, 0) {
+            // Not published: the slot stays free, its table unreachable.
+            let _ = delete_element(self.processes_fd.as_fd(), slot);
+            return Err(update("PROCESS_SLOTS")(e));
+        }
+        self.free_process_slots.pop();
+        self.process_slots.insert(pid, slot);
+        Ok(())
     }
 
     /// Removes a process's mapping table; a missing one is not an error.
     pub fn remove_process(&mut self, pid: u32) {
-        let _ = self.processes.remove(&pid);
+        let Some(slot) = self.process_slots.remove(&pid) else {
+            return;
+        };
+        // The hash entry first: from then on BPF only reaches the slot
+        // through a CPU's cache, which checks the table's pid.
+        let _ = self.slots.remove(&pid);
+        if let Err(e) = delete_element(self.processes_fd.as_fd(), slot) {
+            // The slot still points at the old table: leave it out of use.
+            tracing::warn!(slot, "cannot clear a process mapping slot: {e}");
+            return;
+        }
+        self.free_process_slots.push(slot);
     }
 
     /// Processes with a mapping table in BPF (walks the map: for tests and metrics).
     pub fn process_count(&self) -> usize {
-        self.processes.keys().filter(Result::is_ok).count()
+        self.slots.keys().filter(Result::is_ok).count()
     }
+}
+
+/// A second descriptor of an array of maps, for `delete_element`.
+fn duplicate_array_of_maps(map: &Map) -> Result<std::os::fd::OwnedFd, UnwindMapError> {
+    match map {
+        Map::ArrayOfMaps(data) => data.fd().as_fd().try_clone_to_owned(),
+        _ => Err(std::io::Error::other("not an array of maps")),
+    }
+    .map_err(UnwindMapError::Descriptor)
 }
 
 /// Copies `chunks` into a freshly created mmap-able array: one memcpy instead

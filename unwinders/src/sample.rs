@@ -3,7 +3,7 @@
 
 use crate::{
     memory::StackWindow,
-    native::{Registers, RowCache},
+    native::{ProcessSlotCache, Registers, RowCache},
 };
 
 /// Kernel frames kept per sample; `kernel.perf_event_max_stack` defaults to 127.
@@ -99,6 +99,8 @@ pub struct UnwindScratch {
     pub stack: StackWindow,
     /// Recent unwind-table lookups of this CPU, kept across samples.
     pub rows: RowCache,
+    /// Recent pid → mapping-table slot lookups of this CPU, kept across samples.
+    pub processes: ProcessSlotCache,
 }
 
 const _: () = assert!(core::mem::size_of::<SampleHeader>() == 48);
@@ -110,4 +112,5 @@ const _: () = assert!(
             + 32
             + core::mem::size_of::<StackWindow>()
             + core::mem::size_of::<RowCache>()
+            + core::mem::size_of::<ProcessSlotCache>()
 );

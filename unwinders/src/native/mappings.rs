@@ -4,6 +4,11 @@
 //! file mappings sorted by address, each naming the unwind table of the
 //! mapped file. BPF finds a PC's entry with a fixed-probe binary search
 //! inside the one map value (no helper call per step, unlike an LPM trie).
+//!
+//! Tables sit at slots of an array of maps, found through a pid → slot hash;
+//! each CPU remembers recent pids' slots in a [`ProcessSlotCache`], so most
+//! samples find their table with array lookups the kernel inlines instead of
+//! a hash lookup (a helper call, and cold cache lines, per sample).
 
 /// Executable mappings tracked per process; more are left out (their frames
 /// fall back to frame pointers, and user space counts them).
@@ -39,18 +44,26 @@ pub struct ProcessMappingTable {
     pub count: u32,
     /// Zero. BPF starts its table searches from it (see `find_row`).
     pub reserved: u32,
+    /// The process the table describes: a cached slot is only used when its
+    /// table still names the sampled pid.
+    pub pid: u32,
+    /// Zero.
+    pub padding: u32,
     /// The mappings; only the first `count` are meaningful.
     pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],
 }
 
 const _: () = assert!(core::mem::size_of::<MappingEntry>() == 40);
-const _: () = assert!(core::mem::size_of::<ProcessMappingTable>() == 8 + 40 * MAX_PROCESS_MAPPINGS);
+const _: () =
+    assert!(core::mem::size_of::<ProcessMappingTable>() == 16 + 40 * MAX_PROCESS_MAPPINGS);
 
 impl Default for ProcessMappingTable {
     fn default() -> Self {
         ProcessMappingTable {
             count: 0,
             reserved: 0,
+            pid: 0,
+            padding: 0,
             entries: [MappingEntry::default(); MAX_PROCESS_MAPPINGS],
         }
     }
@@ -89,6 +102,52 @@ impl ProcessMappingTable {
         }
         let entry = &self.entries[(base & mask) as usize];
         (entry.start <= pc && pc < entry.end).then_some(entry)
+    }
+}
+
+/// Processes with a mapping table at once (slots of `PROCESS_MAPPINGS`).
+pub const PROCESS_SLOTS_MAX: usize = 16384;
+
+/// Recent pid → slot answers per CPU (direct-mapped).
+pub const PROCESS_SLOT_CACHE_ENTRIES: usize = 64;
+const _: () = assert!(PROCESS_SLOT_CACHE_ENTRIES.is_power_of_two());
+
+/// One remembered slot. An empty entry has pid 0, which is never sampled
+/// (the idle task is filtered out first).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProcessSlotEntry {
+    /// The process.
+    pub pid: u32,
+    /// Its table's slot in `PROCESS_MAPPINGS`.
+    pub slot: u32,
+}
+
+/// Per-CPU cache of pid → mapping-table slot. Entries are never invalidated:
+/// a slot freed and reused for another process holds a table naming that
+/// other pid, which the lookup checks, and falls back to the hash.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessSlotCache {
+    /// The entries, indexed by `pid % PROCESS_SLOT_CACHE_ENTRIES`.
+    pub entries: [ProcessSlotEntry; PROCESS_SLOT_CACHE_ENTRIES],
+}
+
+const _: () = assert!(core::mem::size_of::<ProcessSlotCache>() == 8 * PROCESS_SLOT_CACHE_ENTRIES);
+
+impl Default for ProcessSlotCache {
+    fn default() -> Self {
+        Self {
+            entries: [ProcessSlotEntry::default(); PROCESS_SLOT_CACHE_ENTRIES],
+        }
+    }
+}
+
+impl ProcessSlotCache {
+    /// The entry `pid` maps to.
+    #[inline(always)]
+    pub fn entry_mut(&mut self, pid: u32) -> &mut ProcessSlotEntry {
+        &mut self.entries[pid as usize & (PROCESS_SLOT_CACHE_ENTRIES - 1)]
     }
 }
 
