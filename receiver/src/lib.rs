@@ -12,6 +12,7 @@
 pub mod aggregate;
 pub mod clock;
 pub mod host;
+pub mod interpreters;
 pub mod kernel_btf;
 pub mod native_unwind;
 pub mod process_maps;

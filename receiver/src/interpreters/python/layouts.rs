@@ -1,0 +1,1 @@
+//! Per-version CPython struct layouts (x86-64), as data.

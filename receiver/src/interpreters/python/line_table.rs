@@ -1,0 +1,1 @@
+//! CPython line tables: from a bytecode offset to a source line.
