@@ -3,7 +3,9 @@
 //! `on_cpu_sample` runs on every CPU-clock perf event. It fills the sample's
 //! fixed part and kernel stack in per-CPU scratch space, then tail-calls the
 //! native unwinder, which walks the user stack a bounded number of frames per
-//! program and tail-calls itself to continue; `emit_sample` copies the finished
+//! program and tail-calls itself to continue, then hands over to the process's
+//! interpreter unwinder if it has one (`unwind_python`, see
+//! `icecore_unwinders::interpreter`); the last program copies the finished
 //! record into the ring buffer. Every way a sample can end or degrade bumps a
 //! named counter (see `icecore_unwinders::Counter`).
 #![no_std]
@@ -13,6 +15,7 @@ mod emit;
 mod lifecycle;
 mod maps;
 mod native;
+mod python;
 mod task;
 
 use aya_ebpf::{
@@ -71,6 +74,7 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
     header.tid = pid_tgid as u32;
     header.flags = 0;
     header.user_frames = 0;
+    header.interpreter_words = 0;
     // Straight into the record: `ctx.command()` would zero a stack copy first.
     // SAFETY: `comm` is a 16-byte buffer, the size passed.
     if unsafe { bpf_get_current_comm(header.comm.as_mut_ptr().cast(), 16) } < 0 {
@@ -115,6 +119,7 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
     scratch.state.tail_calls = 0;
     scratch.state.dwarf_frames = 0;
     scratch.state.frame_pointer_frames = 0;
+    scratch.state.python_frames = 0;
     scratch.stack.clear();
     let Some(registers) = user else {
         count(Counter::NoUserRegisters);
@@ -142,6 +147,11 @@ fn interrupted_registers(ctx: &PerfEventContext) -> aya_ebpf::bindings::pt_regs 
 #[perf_event]
 pub fn unwind_native(ctx: PerfEventContext) -> u32 {
     native::unwind(&ctx)
+}
+
+#[perf_event]
+pub fn unwind_python(ctx: PerfEventContext) -> u32 {
+    python::unwind(&ctx)
 }
 
 #[perf_event]

@@ -10,6 +10,7 @@ use icecore_unwinders::{
     COUNTER_COUNT, Counter, UnwindScratch,
     native::{ProcessMappingTable, UnwindChunk, mappings::PROCESS_SLOTS_MAX},
     programs::PROGRAM_COUNT,
+    python::{PYTHON_PROCESSES_MAX, PythonProcess},
 };
 
 /// Flags of every unwind table: user space fills them through mmap, and each
@@ -36,6 +37,12 @@ pub static PROCESS_MAPPINGS: ArrayOfMaps<Array<ProcessMappingTable, 1, 0>, PROCE
 #[map]
 pub static PROCESS_SLOTS: HashMap<u32, u32> =
     HashMap::with_max_entries(PROCESS_SLOTS_MAX as u32, 0);
+
+/// pid → what the CPython unwinder needs of that process, written by the
+/// CPython plugin for the processes it detected.
+#[map]
+pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
+    HashMap::with_max_entries(PYTHON_PROCESSES_MAX, 0);
 
 /// Tail-call targets, indexed by `ProgramIndex`.
 #[map]

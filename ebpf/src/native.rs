@@ -16,7 +16,7 @@ use icecore_unwinders::{
         ProcessMappingTable, ProcessSlotCache, ProcessSlotEntry, RowCache, dwarf_step, find_row,
         frame_pointer_step,
     },
-    sample::{MAX_FRAMES, MAX_USER_FRAMES, flags},
+    sample::{INTERPRETER_WALK_START, MAX_FRAMES, MAX_USER_FRAMES, flags},
 };
 
 use crate::maps::{PROCESS_MAPPINGS, PROCESS_SLOTS, PROGRAMS, SCRATCH, UNWIND_TABLES, count};
@@ -28,7 +28,7 @@ const FRAMES_PER_PROGRAM: usize = 24;
 const _: () = assert!(FRAMES_PER_PROGRAM * (MAX_TAIL_CALLS as usize + 1) >= 300);
 
 /// The sampled process's memory, read with `bpf_probe_read_user`.
-struct UserMemory;
+pub struct UserMemory;
 
 impl MemoryReader for UserMemory {
     #[inline(always)]
@@ -209,6 +209,18 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         }
         count(Counter::UserStackTruncated);
         scratch.record.header.flags |= flags::USER_TRUNCATED;
+    }
+    // The process's interpreter unwinder, if any, continues the sample.
+    if let Some(mappings) = mappings
+        && mappings.interpreter == ProgramIndex::Python as u32
+        && u32::from(scratch.state.tail_calls) < MAX_TAIL_CALLS
+    {
+        scratch.state.tail_calls += 1;
+        scratch.state.interpreter_frame = INTERPRETER_WALK_START;
+        // SAFETY: same program type in every slot.
+        unsafe { PROGRAMS.tail_call(ctx, ProgramIndex::Python as u32) };
+        count(Counter::TailCallFailed);
+        return 0;
     }
     // Emitting here rather than in `emit_sample` saves a tail call.
     crate::emit::emit(scratch);

@@ -30,6 +30,23 @@ struct InterruptFrame {
     ss: u64,
 }
 
+/// Offset of `thread.fsbase` in `struct task_struct`; 0 when unknown. Set at load time.
+#[unsafe(no_mangle)]
+static TASK_FSBASE_OFFSET: u64 = 0;
+
+/// The current task's FS base: glibc's and musl's `pthread_self()`.
+#[inline(always)]
+pub fn fs_base() -> Option<u64> {
+    // SAFETY: a plain load of a load-time constant.
+    let offset = unsafe { core::ptr::read_volatile(&TASK_FSBASE_OFFSET) };
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: no arguments; the read below tolerates bad addresses.
+    let task = unsafe { bpf_get_current_task() };
+    unsafe { bpf_probe_read_kernel((task + offset) as *const u64) }.ok()
+}
+
 #[inline(always)]
 pub fn user_registers() -> Option<Registers> {
     // SAFETY: a plain load of a load-time constant.

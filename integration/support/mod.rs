@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod native;
 pub mod otlp;
 pub mod pprof;
+pub mod python;
 pub mod python_otlp;
 pub mod receiver;
 pub mod run;

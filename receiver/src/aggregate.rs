@@ -7,7 +7,12 @@ use icecore_otlp::model::{
     Frame, FrameKind, ProcessInfo, ProcessProfile, ProfileBatch, SampleGroup,
 };
 
-use crate::{processes::ProcessTable, record::RawSample, symbolize::Symbolizer};
+use crate::{
+    interpreters::{Interpreters, splice},
+    processes::ProcessTable,
+    record::RawSample,
+    symbolize::Symbolizer,
+};
 
 /// A distinct (thread, stack) of one interval.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -16,7 +21,8 @@ struct StackKey {
     tid: u32,
     comm: [u8; 16],
     kernel_frames: u32,
-    /// Kernel frames then user frames, leaf first.
+    user_frames: u32,
+    /// Kernel frames then user frames, leaf first, then interpreter words.
     frames: Box<[u64]>,
 }
 
@@ -56,12 +62,17 @@ impl Aggregator {
             self.dropped += 1;
             return false;
         }
-        let frames: Box<[u64]> = sample.kernel_frames().chain(sample.user_frames()).collect();
+        let frames: Box<[u64]> = sample
+            .kernel_frames()
+            .chain(sample.user_frames())
+            .chain(sample.interpreter_words())
+            .collect();
         let key = StackKey {
             pid: sample.header.pid,
             tid: sample.header.tid,
             comm: sample.header.comm,
             kernel_frames: sample.header.kernel_frames,
+            user_frames: sample.header.user_frames,
             frames,
         };
         self.stacks.entry(key).or_default().push(unix_nanos);
@@ -88,6 +99,7 @@ impl Aggregator {
         window: BatchWindow,
         processes: &mut ProcessTable,
         symbolizer: &mut Symbolizer,
+        interpreters: &mut Interpreters,
     ) -> (ProfileBatch, IntervalStats) {
         let stats = IntervalStats {
             samples: self.samples,
@@ -102,7 +114,7 @@ impl Aggregator {
             for t in &mut timestamps {
                 *t = (*t).clamp(window.start_unix_nanos, last);
             }
-            let stack = symbolize_stack(&key, processes, symbolizer);
+            let stack = symbolize_stack(&key, processes, symbolizer, interpreters);
             let thread_name = thread_names
                 .entry(key.comm)
                 .or_insert_with(|| Arc::from(comm_str(&key.comm).as_ref()))
@@ -174,9 +186,12 @@ fn symbolize_stack(
     key: &StackKey,
     processes: &mut ProcessTable,
     symbolizer: &mut Symbolizer,
+    interpreters: &mut Interpreters,
 ) -> Arc<[Arc<Frame>]> {
-    let kernel = key.kernel_frames as usize;
-    let (kernel_frames, user_frames) = key.frames.split_at(kernel.min(key.frames.len()));
+    let kernel = (key.kernel_frames as usize).min(key.frames.len());
+    let (kernel_frames, rest) = key.frames.split_at(kernel);
+    let (user_frames, interpreter_words) =
+        rest.split_at((key.user_frames as usize).min(rest.len()));
     let mut frames = Vec::with_capacity(key.frames.len());
     for (i, &address) in kernel_frames.iter().enumerate() {
         // Return addresses point after the call; symbolize the call itself.
@@ -188,13 +203,25 @@ fn symbolize_stack(
         frames.push(symbolizer.kernel_frame(address));
     }
     let process = processes.get(key.pid);
-    for (i, &address) in user_frames.iter().enumerate() {
+    let native = user_frames.iter().enumerate().map(|(i, &address)| {
         let is_return_address = i > 0;
         let frame = match process.and_then(|p| p.mapping(address)) {
             Some(mapping) => symbolizer.native_frame(key.pid, mapping, address, is_return_address),
             None => Symbolizer::unknown_frame(FrameKind::Native, address),
         };
-        frames.push(frame);
+        (address.saturating_sub(u64::from(is_return_address)), frame)
+    });
+    match interpreters.owner_of(key.pid) {
+        Some(plugin) if !interpreter_words.is_empty() => {
+            let native: Vec<(u64, Arc<Frame>)> = native.collect();
+            let groups = plugin.frames(key.pid, interpreter_words);
+            frames.extend(splice(
+                native,
+                |address| plugin.is_interpreter_loop(key.pid, address),
+                groups,
+            ));
+        }
+        _ => frames.extend(native.map(|(_, frame)| frame)),
     }
     frames.into()
 }

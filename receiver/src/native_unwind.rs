@@ -16,8 +16,9 @@ use std::{
     thread,
 };
 
-use icecore_unwinders::native::{
-    MappingEntry, ProcessMappingTable, mappings::MAX_PROCESS_MAPPINGS,
+use icecore_unwinders::{
+    ProgramIndex,
+    native::{MappingEntry, ProcessMappingTable, mappings::MAX_PROCESS_MAPPINGS},
 };
 use lru::LruCache;
 use tracing::{debug, warn};
@@ -94,6 +95,8 @@ pub struct NativeUnwindInfo {
     users: HashMap<FileKey, HashSet<u32>>,
     /// Files each described process references.
     process_files: HashMap<u32, Vec<FileKey>>,
+    /// The interpreter unwinder slot of each described process that has one.
+    interpreters: HashMap<u32, ProgramIndex>,
     jobs: mpsc::SyncSender<BuildJob>,
     results: mpsc::Receiver<(FileKey, Option<BuiltTable>)>,
     stats: NativeUnwindStats,
@@ -141,6 +144,7 @@ impl NativeUnwindInfo {
             files: LruCache::new(max_cached_files),
             users: HashMap::new(),
             process_files: HashMap::new(),
+            interpreters: HashMap::new(),
             jobs,
             results,
             stats: NativeUnwindStats::default(),
@@ -150,9 +154,22 @@ impl NativeUnwindInfo {
     }
 
     /// Describes a process to BPF (first sample, or its mappings changed),
-    /// queueing table builds for files not seen before.
-    pub fn describe_process(&mut self, pid: u32, mappings: &ProcessMappings) {
-        let mut table = ProcessMappingTable::default();
+    /// queueing table builds for files not seen before. `interpreter` is the
+    /// slot of the process's interpreter unwinder, if it has one.
+    pub fn describe_process(
+        &mut self,
+        pid: u32,
+        mappings: &ProcessMappings,
+        interpreter: Option<ProgramIndex>,
+    ) {
+        match interpreter {
+            Some(slot) => self.interpreters.insert(pid, slot),
+            None => self.interpreters.remove(&pid),
+        };
+        let mut table = ProcessMappingTable {
+            interpreter: interpreter.map_or(0, |slot| slot as u32),
+            ..Default::default()
+        };
         let mut count = 0usize;
         let mut referenced = Vec::new();
         for mapping in mappings.mappings().iter().filter(|m| m.executable) {
@@ -314,7 +331,8 @@ impl NativeUnwindInfo {
             .collect();
         for pid in waiting {
             if let Some(mappings) = mappings_of(pid) {
-                self.describe_process(pid, mappings);
+                let interpreter = self.interpreters.get(&pid).copied();
+                self.describe_process(pid, mappings, interpreter);
             }
         }
     }
@@ -322,6 +340,7 @@ impl NativeUnwindInfo {
     /// Frees everything BPF holds for a process that exited or exec'd.
     pub fn forget_process(&mut self, pid: u32) {
         self.maps.remove_process(pid);
+        self.interpreters.remove(&pid);
         if let Some(files) = self.process_files.remove(&pid) {
             for key in files {
                 self.release_table(pid, key);

@@ -144,6 +144,17 @@ impl ProcessTable {
     /// Drops processes that exited (or whose PID now belongs to another
     /// process). Returns their PIDs.
     pub fn sweep_exited(&mut self) -> Vec<u32> {
+        let gone = self.exited();
+        for pid in &gone {
+            self.processes.pop(pid);
+        }
+        gone
+    }
+
+    /// Processes that exited (or whose PID now belongs to another process),
+    /// still tracked. Checked before a drain, they have no samples left
+    /// unread in the ring buffer once the drain is done.
+    pub fn exited(&self) -> Vec<u32> {
         let gone: Vec<u32> = self
             .processes
             .iter()
@@ -153,9 +164,6 @@ impl ProcessTable {
             })
             .map(|(pid, _)| *pid)
             .collect();
-        for pid in &gone {
-            self.processes.pop(pid);
-        }
         gone
     }
 

@@ -22,6 +22,7 @@ use crate::{
     aggregate::{Aggregator, BatchWindow, IntervalStats},
     clock::MonotonicToUnix,
     host,
+    interpreters::{InterpreterPlugin, InterpreterStats, Interpreters, python::PythonPlugin},
     native_unwind::{DEFAULT_MAX_TABLE_BYTES, NativeUnwindInfo, NativeUnwindStats},
     processes::ProcessTable,
     record::RawSample,
@@ -77,6 +78,8 @@ pub struct ProfilerStats {
     pub processes_tracked: usize,
     /// The native unwinder's tables and process descriptions.
     pub native: NativeUnwindStats,
+    /// Each interpreter plugin's counts, by name.
+    pub interpreters: Vec<(&'static str, InterpreterStats)>,
 }
 
 /// The eBPF CPU profiler.
@@ -84,6 +87,7 @@ pub struct CpuProfiler {
     sampler: CpuSampler,
     /// None when the unwind maps could not be set up: frame pointers only.
     native: Option<NativeUnwindInfo>,
+    interpreters: Interpreters,
     processes: ProcessTable,
     symbolizer: Symbolizer,
     aggregator: Aggregator,
@@ -134,10 +138,20 @@ impl CpuProfiler {
             .map_err(|e| warn!("DWARF unwinding off, cannot start its thread: {e}"))
             .ok()
         });
+        let mut plugins: Vec<Box<dyn InterpreterPlugin>> = Vec::new();
+        // Interpreter unwinders run after the native walk: without its
+        // tables there is nothing to hand over from.
+        if native.is_some() {
+            match sampler.take_python_processes() {
+                Ok(map) => plugins.push(Box::new(PythonPlugin::new(Box::new(map)))),
+                Err(e) => warn!("CPython unwinding off: {e}"),
+            }
+        }
         let hz = i64::from(options.sampler.frequency_hz.max(1));
         Ok(CpuProfiler {
             sampler,
             native,
+            interpreters: Interpreters::new(plugins),
             processes: ProcessTable::new(options.max_processes),
             symbolizer: Symbolizer::new(SymbolizerLimits::default()),
             aggregator: Aggregator::new(options.max_samples_per_interval),
@@ -160,6 +174,7 @@ impl CpuProfiler {
         let Self {
             sampler,
             native,
+            interpreters,
             processes,
             aggregator,
             clock,
@@ -179,7 +194,12 @@ impl CpuProfiler {
                     && let Some(native) = native.as_mut()
                     && let Some(process) = processes.get(pid)
                 {
-                    native.describe_process(pid, &process.mappings);
+                    if learned {
+                        // A reused pid: whatever was known of the old process goes.
+                        interpreters.detach(pid);
+                    }
+                    let interpreter = interpreters.attach(pid, &process.mappings);
+                    native.describe_process(pid, &process.mappings, interpreter);
                 }
                 aggregator.add(&sample, clock.to_unix(sample.header.ktime_ns));
             }
@@ -204,6 +224,7 @@ impl CpuProfiler {
                     }
                     Some(ProcessEventKind::Exec) => {
                         native.forget_process(event.pid);
+                        interpreters.detach(event.pid);
                         processes.forget(event.pid);
                     }
                     _ => {}
@@ -221,6 +242,12 @@ impl CpuProfiler {
 
     /// Drains, then cuts the batch of the interval that ends now.
     pub fn take_batch(&mut self) -> ProfileBatch {
+        // Exits seen before the drain: every sample of those processes is
+        // in the ring now, so the drain reads them all and they are
+        // symbolized with what is known of the process before it is dropped.
+        // (Swept after the drain, a process that exited in between would
+        // lose its last samples' executable and symbols.)
+        let exited = self.processes.exited();
         self.drain();
         let now = MonotonicToUnix::unix_now();
         let window = BatchWindow {
@@ -230,12 +257,18 @@ impl CpuProfiler {
             host_name: self.host_name.clone(),
         };
         self.window_start = now;
-        let (batch, interval) =
-            self.aggregator
-                .take_batch(window, &mut self.processes, &mut self.symbolizer);
-        let exited = self.processes.sweep_exited();
-        if let Some(native) = self.native.as_mut() {
-            for &pid in &exited {
+        let (batch, interval) = self.aggregator.take_batch(
+            window,
+            &mut self.processes,
+            &mut self.symbolizer,
+            &mut self.interpreters,
+        );
+        // Interpreter state of exited processes is kept until their last
+        // samples are symbolized, which the batch above did.
+        for &pid in &exited {
+            self.processes.forget(pid);
+            self.interpreters.detach(pid);
+            if let Some(native) = self.native.as_mut() {
                 native.forget_process(pid);
             }
         }
@@ -270,6 +303,7 @@ impl CpuProfiler {
         stats.samples_dropped += interval.dropped;
         stats.batches += 1;
         stats.processes_tracked = self.processes.len();
+        stats.interpreters = self.interpreters.stats();
         stats.native = self
             .native
             .as_ref()

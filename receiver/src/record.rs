@@ -9,12 +9,14 @@ pub enum RecordError {
     #[error("record of {0} bytes is shorter than the {HEADER} byte header")]
     TooShort(usize),
     /// The frame counts disagree with the record's length or capacity.
-    #[error("record claims {kernel}+{user} frames but carries {carried}")]
+    #[error("record claims {kernel}+{user}+{interpreter} words but carries {carried}")]
     FrameCount {
         /// Kernel frames claimed.
         kernel: u32,
         /// User frames claimed.
         user: u32,
+        /// Interpreter words claimed.
+        interpreter: u32,
         /// Frames actually present.
         carried: usize,
     },
@@ -31,6 +33,8 @@ pub struct RawSample<'a> {
     kernel: &'a [u8],
     /// User frames, leaf first, as little-endian words.
     user: &'a [u8],
+    /// Interpreter words, innermost first (see `icecore_unwinders::interpreter`).
+    interpreter: &'a [u8],
 }
 
 fn words(bytes: &[u8]) -> impl ExactSizeIterator<Item = u64> + '_ {
@@ -52,19 +56,23 @@ impl<'a> RawSample<'a> {
         let header = unsafe { head.as_ptr().cast::<SampleHeader>().read_unaligned() };
         let kernel = header.kernel_frames as usize;
         let user = header.user_frames as usize;
-        let total = kernel.saturating_add(user);
+        let interpreter = header.interpreter_words as usize;
+        let total = kernel.saturating_add(user).saturating_add(interpreter);
         if total > MAX_FRAMES || frames.len() != total * 8 {
             return Err(RecordError::FrameCount {
                 kernel: header.kernel_frames,
                 user: header.user_frames,
+                interpreter: header.interpreter_words,
                 carried: frames.len() / 8,
             });
         }
-        let (kernel, user) = frames.split_at(kernel * 8);
+        let (kernel, rest) = frames.split_at(kernel * 8);
+        let (user, interpreter) = rest.split_at(user * 8);
         Ok(RawSample {
             header,
             kernel,
             user,
+            interpreter,
         })
     }
 
@@ -77,6 +85,11 @@ impl<'a> RawSample<'a> {
     /// others are return addresses.
     pub fn user_frames(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
         words(self.user)
+    }
+
+    /// Interpreter words, innermost first.
+    pub fn interpreter_words(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+        words(self.interpreter)
     }
 
     /// The thread name, up to its NUL.
@@ -102,6 +115,8 @@ mod tests {
             flags: 0,
             kernel_frames: kernel.len() as u32,
             user_frames: user.len() as u32,
+            interpreter_words: 0,
+            reserved: 0,
             comm: c,
         };
         // SAFETY: test-only view of a POD header as bytes.
@@ -149,5 +164,18 @@ mod tests {
         let mut lying = record(&[], &[], b"x");
         lying[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(RawSample::decode(&lying).is_err());
+    }
+
+    #[test]
+    fn interpreter_words_follow_the_user_frames() {
+        let mut bytes = record(&[1], &[2, 3, 4, 5], b"py");
+        // The last two words become interpreter words: 1 kernel + 2 user + 2.
+        bytes[28..32].copy_from_slice(&2u32.to_le_bytes());
+        bytes[32..36].copy_from_slice(&2u32.to_le_bytes());
+        let sample = RawSample::decode(&bytes).unwrap();
+        assert_eq!(sample.user_frames().collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(sample.interpreter_words().collect::<Vec<_>>(), [4, 5]);
+        bytes[32..36].copy_from_slice(&3u32.to_le_bytes());
+        assert!(RawSample::decode(&bytes).is_err());
     }
 }

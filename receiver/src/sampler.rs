@@ -13,7 +13,7 @@ use aya::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
-use icecore_unwinders::{COUNTER_COUNT, Counter, ProgramIndex};
+use icecore_unwinders::{COUNTER_COUNT, Counter, ProgramIndex, python::PythonProcess};
 use tracing::{debug, info, warn};
 
 use crate::{host, kernel_btf, unwind_maps::UnwindMapSet};
@@ -142,12 +142,16 @@ impl CpuSampler {
                 0
             }
         };
+        let task_fsbase_offset = task_fsbase_offset()
+            .map_err(|e| warn!("no interpreter stacks (the thread's FS base is unknown): {e}"))
+            .unwrap_or(0);
         let filter = u8::from(!options.pids.is_empty());
         let filter_capacity = u32::try_from(options.pids.len().max(1)).unwrap_or(u32::MAX);
 
         let mut ebpf = EbpfLoader::new()
             .override_global("FILTER_BY_PID", &filter, true)
             .override_global("TASK_STACK_OFFSET", &task_stack_offset, true)
+            .override_global("TASK_FSBASE_OFFSET", &task_fsbase_offset, true)
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
             .map_max_entries("SAMPLES", ring_bytes)
             .map_max_entries("PID_FILTER", filter_capacity)
@@ -311,6 +315,20 @@ impl CpuSampler {
         self.unwind_maps.take()
     }
 
+    /// The CPython unwinder's per-process map, once.
+    pub fn take_python_processes(
+        &mut self,
+    ) -> Result<HashMap<MapData, u32, PythonProcess>, SamplerError> {
+        let map = self
+            .ebpf
+            .take_map("PYTHON_PROCESSES")
+            .ok_or(SamplerError::MissingMap("PYTHON_PROCESSES"))?;
+        HashMap::try_from(map).map_err(|source| SamplerError::Map {
+            name: "PYTHON_PROCESSES",
+            source,
+        })
+    }
+
     /// Counter values summed over CPUs.
     pub fn counters(&self) -> Result<CounterValues, SamplerError> {
         let mut values = CounterValues::default();
@@ -427,6 +445,14 @@ fn permission_or_program(name: &'static str, source: aya::programs::ProgramError
         return SamplerError::Program { name, source };
     }
     permission_or(source, |source| SamplerError::Program { name, source })
+}
+
+/// Offset of `thread.fsbase` in `struct task_struct`, from the kernel's BTF.
+fn task_fsbase_offset() -> Result<u64, kernel_btf::BtfError> {
+    let btf = std::path::Path::new(kernel_btf::VMLINUX_BTF);
+    let thread = kernel_btf::member_offset_in_file(btf, "task_struct", "thread")?;
+    let fsbase = kernel_btf::member_offset_in_file(btf, "thread_struct", "fsbase")?;
+    Ok(u64::from(thread) + u64::from(fsbase))
 }
 
 #[cfg(test)]

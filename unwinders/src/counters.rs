@@ -40,10 +40,21 @@ pub enum Counter {
     FramePointerFrames = 14,
     /// Samples of processes whose mappings are not (yet) known to BPF.
     UnknownProcess = 15,
+    /// CPython frames walked.
+    PythonFrames = 16,
+    /// CPython samples whose thread has no `PyThreadState` (a thread CPython
+    /// does not know, or more threads than BPF searches).
+    PythonNoThreadState = 17,
+    /// Reading CPython's memory failed mid-walk; the Python stack ends there.
+    PythonReadFailed = 18,
+    /// The Python stack hit the record or tail-call limit and was cut.
+    PythonStackTruncated = 19,
+    /// The native unwinder named the CPython unwinder for a process that has no `PYTHON_PROCESSES` entry.
+    PythonProcessMissing = 20,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 16;
+pub const COUNTER_COUNT: u32 = 21;
 
 impl Counter {
     /// Every counter, in index order.
@@ -64,6 +75,11 @@ impl Counter {
         Counter::DwarfFrames,
         Counter::FramePointerFrames,
         Counter::UnknownProcess,
+        Counter::PythonFrames,
+        Counter::PythonNoThreadState,
+        Counter::PythonReadFailed,
+        Counter::PythonStackTruncated,
+        Counter::PythonProcessMissing,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -85,6 +101,11 @@ impl Counter {
             Counter::DwarfFrames => "dwarf_frames",
             Counter::FramePointerFrames => "frame_pointer_frames",
             Counter::UnknownProcess => "unknown_process",
+            Counter::PythonFrames => "python_frames",
+            Counter::PythonNoThreadState => "python_no_thread_state",
+            Counter::PythonReadFailed => "python_read_failed",
+            Counter::PythonStackTruncated => "python_stack_truncated",
+            Counter::PythonProcessMissing => "python_process_missing",
         }
     }
 }

@@ -14,9 +14,11 @@ extern crate std;
 
 pub mod counters;
 pub mod events;
+pub mod interpreter;
 pub mod memory;
 pub mod native;
 pub mod programs;
+pub mod python;
 pub mod sample;
 #[cfg(feature = "user")]
 pub mod table;

@@ -14,18 +14,21 @@ pub enum ProgramIndex {
     NativeUnwinder = 0,
     /// Copies the finished sample into the ring buffer.
     Emit = 1,
+    /// Walks CPython frames (see [`crate::python`]).
+    Python = 2,
 }
 
 impl ProgramIndex {
     /// Every slot with the name of the BPF program that fills it.
-    pub const ALL: [(ProgramIndex, &'static str); 2] = [
+    pub const ALL: [(ProgramIndex, &'static str); PROGRAM_COUNT as usize] = [
         (ProgramIndex::NativeUnwinder, "unwind_native"),
         (ProgramIndex::Emit, "emit_sample"),
+        (ProgramIndex::Python, "unwind_python"),
     ];
 }
 
 /// Number of slots in the program array.
-pub const PROGRAM_COUNT: u32 = 2;
+pub const PROGRAM_COUNT: u32 = 3;
 
 /// Tail calls one sample may use. The kernel allows 33 per chain (32 before
 /// 5.17); keeping a margin leaves room for the final jump to `Emit`.

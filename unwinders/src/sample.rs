@@ -23,6 +23,10 @@ pub mod flags {
     pub const USER_INCOMPLETE: u32 = 1 << 2;
     /// No user registers were available (kernel thread, or `pt_regs` not found).
     pub const NO_USER_REGISTERS: u32 = 1 << 3;
+    /// The interpreter's frames were cut at the record or tail-call limit.
+    pub const INTERPRETER_TRUNCATED: u32 = 1 << 4;
+    /// The interpreter walk stopped on unreadable memory.
+    pub const INTERPRETER_INCOMPLETE: u32 = 1 << 5;
 }
 
 /// Fixed part of a sample.
@@ -43,15 +47,20 @@ pub struct SampleHeader {
     pub kernel_frames: u32,
     /// User frames after the kernel frames.
     pub user_frames: u32,
+    /// Interpreter words after the user frames (see [`crate::interpreter`]).
+    pub interpreter_words: u32,
+    /// Zero.
+    pub reserved: u32,
     /// Thread name (`comm`), NUL-padded.
     pub comm: [u8; 16],
 }
 
 /// One sample as written to the ring buffer. Only the header and the
-/// `kernel_frames + user_frames` used words are sent.
+/// `kernel_frames + user_frames + interpreter_words` used words are sent.
 ///
-/// `frames` holds kernel frames, then user frames, each leaf first. The first
-/// frame of each part is the interrupted instruction; the others are return
+/// `frames` holds kernel frames, then user frames, each leaf first, then the
+/// interpreter's tagged words, innermost first. The first frame of the kernel
+/// and user parts is the interrupted instruction; the others are return
 /// addresses.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -84,7 +93,17 @@ pub struct UnwindState {
     /// Samples this CPU emitted since it last asked the ring buffer how much
     /// data waits. Kept across samples.
     pub samples_since_query: u16,
+    /// Interpreter frames walked so far (counted once, at emit).
+    pub python_frames: u16,
+    /// Zero.
+    pub reserved: [u16; 3],
+    /// The next interpreter frame to walk; [`INTERPRETER_WALK_START`] before
+    /// the interpreter unwinder's first run, 0 when its walk is done.
+    pub interpreter_frame: u64,
 }
+
+/// [`UnwindState::interpreter_frame`] when the interpreter walk has not started.
+pub const INTERPRETER_WALK_START: u64 = u64::MAX;
 
 /// The per-CPU scratch space of one sample's tail-call chain. Larger than the
 /// 512-byte BPF stack, so it lives in a one-entry per-CPU array.
@@ -103,13 +122,13 @@ pub struct UnwindScratch {
     pub processes: ProcessSlotCache,
 }
 
-const _: () = assert!(core::mem::size_of::<SampleHeader>() == 48);
-const _: () = assert!(core::mem::size_of::<SampleRecord>() == 48 + MAX_FRAMES * 8);
-const _: () = assert!(core::mem::size_of::<UnwindState>() == 32);
+const _: () = assert!(core::mem::size_of::<SampleHeader>() == 56);
+const _: () = assert!(core::mem::size_of::<SampleRecord>() == 56 + MAX_FRAMES * 8);
+const _: () = assert!(core::mem::size_of::<UnwindState>() == 48);
 const _: () = assert!(
     core::mem::size_of::<UnwindScratch>()
         == core::mem::size_of::<SampleRecord>()
-            + 32
+            + 48
             + core::mem::size_of::<StackWindow>()
             + core::mem::size_of::<RowCache>()
             + core::mem::size_of::<ProcessSlotCache>()

@@ -47,8 +47,9 @@ pub struct ProcessMappingTable {
     /// The process the table describes: a cached slot is only used when its
     /// table still names the sampled pid.
     pub pid: u32,
-    /// Zero.
-    pub padding: u32,
+    /// The `ProgramIndex` of the process's interpreter unwinder, which runs
+    /// after the native walk; 0 (the native unwinder's own slot) for none.
+    pub interpreter: u32,
     /// The mappings; only the first `count` are meaningful.
     pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],
 }
@@ -63,7 +64,7 @@ impl Default for ProcessMappingTable {
             count: 0,
             reserved: 0,
             pid: 0,
-            padding: 0,
+            interpreter: 0,
             entries: [MappingEntry::default(); MAX_PROCESS_MAPPINGS],
         }
     }

@@ -1,4 +1,374 @@
-//! CPython 3.8–3.13.
+//! CPython 3.8–3.13: the user-space half of the CPython unwinder.
+//!
+//! - [`detect`]: which mapped file is CPython, its version and symbols.
+//! - [`layouts`]: per-version struct offsets, as data.
+//! - [`code`] and [`line_table`]: code objects and their line tables.
+//!
+//! BPF (`ebpf/src/python.rs`, walk in `icecore_unwinders::python`) reports
+//! each frame as a code object's address and a raw instruction position;
+//! this plugin reads the code object once per process, through
+//! `/proc/PID/mem`, and turns the position into a line.
 
+pub mod code;
+pub mod detect;
 pub mod layouts;
 pub mod line_table;
+
+use std::{collections::HashMap, num::NonZeroUsize, path::PathBuf, sync::Arc};
+
+use icecore_otlp::model::{Frame, FrameKind, Line};
+use icecore_unwinders::{
+    ProgramIndex,
+    interpreter::{PAYLOAD_MASK, WordTag},
+    python::{NO_OFFSET, PythonProcess, entry_kind},
+};
+use lru::LruCache;
+use tracing::{debug, info};
+
+use self::{
+    code::{CodeInfo, read_code},
+    detect::{PythonBinary, inspect, version_from_name},
+    layouts::{EntryMarker, InstrEncoding, PythonLayout},
+};
+use super::{InterpreterPlugin, InterpreterStats, memory::ProcessMemory};
+use crate::{native_unwind::FileKey, process_maps::ProcessMappings};
+
+/// CPython files inspected and remembered (per device and inode).
+const BINARY_CACHE: usize = 256;
+/// Code objects remembered, over all processes.
+const CODE_CACHE: usize = 16_384;
+/// Distinct (code object, line) frames remembered, over all processes.
+const FRAME_CACHE: usize = 32_768;
+
+/// Where the CPython unwinder's per-process data goes: the BPF map
+/// `PYTHON_PROCESSES`, or a stand-in in tests.
+pub trait PythonProcessMap: Send {
+    /// Writes the entry of `pid`.
+    fn insert(&mut self, pid: u32, process: &PythonProcess) -> Result<(), String>;
+    /// Deletes the entry of `pid`, if any.
+    fn remove(&mut self, pid: u32);
+}
+
+impl PythonProcessMap for aya::maps::HashMap<aya::maps::MapData, u32, PythonProcess> {
+    fn insert(&mut self, pid: u32, process: &PythonProcess) -> Result<(), String> {
+        aya::maps::HashMap::insert(self, pid, process, 0).map_err(|e| e.to_string())
+    }
+
+    fn remove(&mut self, pid: u32) {
+        let _ = aya::maps::HashMap::remove(self, &pid);
+    }
+}
+
+/// One CPython process.
+struct PythonInstance {
+    binary: Arc<PythonBinary>,
+    bias: u64,
+    memory: Option<ProcessMemory>,
+}
+
+/// The CPython plugin.
+pub struct PythonPlugin {
+    map: Box<dyn PythonProcessMap>,
+    binaries: LruCache<FileKey, Option<Arc<PythonBinary>>>,
+    processes: HashMap<u32, PythonInstance>,
+    codes: LruCache<(u32, u64), Option<Arc<CodeInfo>>>,
+    frames: LruCache<(u32, u64, u32), Arc<Frame>>,
+    stats: InterpreterStats,
+}
+
+impl PythonPlugin {
+    /// A plugin writing its per-process data to `map`.
+    pub fn new(map: Box<dyn PythonProcessMap>) -> Self {
+        let size = |n: usize| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
+        PythonPlugin {
+            map,
+            binaries: LruCache::new(size(BINARY_CACHE)),
+            processes: HashMap::new(),
+            codes: LruCache::new(size(CODE_CACHE)),
+            frames: LruCache::new(size(FRAME_CACHE)),
+            stats: InterpreterStats::default(),
+        }
+    }
+
+    /// The CPython file among `pid`'s mappings, with its load bias.
+    fn find_binary(
+        &mut self,
+        pid: u32,
+        mappings: &ProcessMappings,
+    ) -> Option<(Arc<PythonBinary>, u64)> {
+        for mapping in mappings.executable() {
+            let Some(name_version) = version_from_name(&mapping.path) else {
+                continue;
+            };
+            let key = FileKey {
+                dev: mapping.dev,
+                inode: mapping.inode,
+            };
+            let binary = match self.binaries.get(&key) {
+                Some(known) => known.clone(),
+                None => {
+                    let inspected = candidate_paths(pid, mapping).iter().find_map(|path| {
+                        inspect(path, name_version)
+                            .map_err(|e| debug!(pid, "not a usable CPython: {e}"))
+                            .ok()
+                    });
+                    let inspected = inspected.map(Arc::new);
+                    self.binaries.put(key, inspected.clone());
+                    inspected
+                }
+            };
+            if let Some(binary) = binary
+                && let Some(bias) = binary.load_bias(mapping.start, mapping.file_offset)
+            {
+                return Some((binary, bias));
+            }
+        }
+        None
+    }
+
+    fn code_info(&mut self, pid: u32, code: u64) -> Option<Arc<CodeInfo>> {
+        if let Some(known) = self.codes.get(&(pid, code)) {
+            return known.clone();
+        }
+        let instance = self.processes.get_mut(&pid)?;
+        if instance.memory.is_none() {
+            instance.memory = ProcessMemory::open(pid)
+                .map_err(|e| debug!(pid, "{e}"))
+                .ok();
+        }
+        let memory = instance.memory.as_ref()?;
+        let code_type = instance
+            .binary
+            .code_type
+            .map(|t| t.wrapping_add(instance.bias));
+        let info = read_code(memory, instance.binary.layout, code, code_type)
+            .map_err(|e| debug!(pid, "python code object: {e}"))
+            .ok()
+            .map(Arc::new);
+        self.codes.put((pid, code), info.clone());
+        info
+    }
+
+    fn frame(&mut self, pid: u32, code: u64, instr: u64) -> Arc<Frame> {
+        self.stats.frames += 1;
+        let Some(layout) = self.processes.get(&pid).map(|p| p.binary.layout) else {
+            return unknown(code);
+        };
+        let Some(info) = self.code_info(pid, code) else {
+            self.stats.frame_errors += 1;
+            return unknown(code);
+        };
+        let line = code::line_of(layout, &info, code, instr);
+        self.frames
+            .get_or_insert((pid, code, line), || {
+                Arc::new(Frame {
+                    kind: FrameKind::CPython,
+                    address: 0,
+                    mapping: None,
+                    lines: vec![Line {
+                        function_name: info.name.clone(),
+                        system_name: info.name.clone(),
+                        filename: Some(info.filename.clone()),
+                        line,
+                    }],
+                })
+            })
+            .clone()
+    }
+}
+
+/// A frame whose code object could not be read: kept, so the stack keeps
+/// its shape, with the code object's address.
+fn unknown(code: u64) -> Arc<Frame> {
+    Arc::new(Frame {
+        kind: FrameKind::CPython,
+        address: code,
+        mapping: None,
+        lines: Vec::new(),
+    })
+}
+
+/// Where the mapped file can be opened: the exact file mapped first.
+fn candidate_paths(pid: u32, mapping: &crate::process_maps::MappedFile) -> [PathBuf; 3] {
+    [
+        PathBuf::from(format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            mapping.start, mapping.end
+        )),
+        PathBuf::from(format!("/proc/{pid}/root{}", mapping.path)),
+        PathBuf::from(&*mapping.path),
+    ]
+}
+
+/// What BPF needs of a process running `layout`, with `_PyRuntime` at `runtime`.
+pub fn bpf_process(layout: &PythonLayout, runtime: u64) -> PythonProcess {
+    let (entry_kind, entry_offset, cstack_owner) = match layout.entry {
+        EntryMarker::EveryFrame => (entry_kind::EVERY_FRAME, NO_OFFSET, 0),
+        EntryMarker::IsEntry(offset) => (entry_kind::IS_ENTRY, offset, 0),
+        EntryMarker::CStackShim { owner, cstack } => (entry_kind::CSTACK_SHIM, owner, cstack),
+    };
+    PythonProcess {
+        interpreters_head: runtime + u64::from(layout.runtime_interpreters_head),
+        interp_threads_head: layout.interp_threads_head,
+        tstate_next: layout.tstate_next,
+        tstate_thread_id: layout.tstate_thread_id,
+        tstate_frame: layout.tstate_frame,
+        cframe_current_frame: layout.cframe_current_frame.unwrap_or(NO_OFFSET),
+        frame_code: layout.frame_code,
+        frame_previous: layout.frame_previous,
+        frame_instr: layout.frame_instr,
+        entry_offset,
+        entry_kind,
+        cstack_owner,
+        instr_is_int: u8::from(matches!(
+            layout.instr,
+            InstrEncoding::LastiBytes | InstrEncoding::LastiCodeUnits
+        )),
+        reserved: [0; 3],
+    }
+}
+
+/// Splits one sample's tagged words into loop invocations, innermost first:
+/// each a list of (code object, raw instruction position), innermost first.
+pub fn invocations(words: &[u64]) -> Vec<Vec<(u64, u64)>> {
+    let mut groups = Vec::new();
+    let mut current = Vec::new();
+    let mut i = 0;
+    while let Some(&word) = words.get(i) {
+        match WordTag::of(word) {
+            Some(tag @ (WordTag::PythonFrame | WordTag::PythonEntryFrame)) => {
+                let instr = words.get(i + 1).copied().unwrap_or(0);
+                current.push((word & PAYLOAD_MASK, instr));
+                i += 2;
+                if tag == WordTag::PythonEntryFrame {
+                    groups.push(std::mem::take(&mut current));
+                }
+            }
+            Some(WordTag::PythonCallBoundary) => {
+                if !current.is_empty() {
+                    groups.push(std::mem::take(&mut current));
+                }
+                i += 1;
+            }
+            // Not a word this plugin writes: the rest cannot be trusted.
+            None => break,
+        }
+    }
+    if !current.is_empty() {
+        groups.push(current);
+    }
+    groups
+}
+
+impl InterpreterPlugin for PythonPlugin {
+    fn name(&self) -> &'static str {
+        "cpython"
+    }
+
+    fn attach(&mut self, pid: u32, mappings: &ProcessMappings) -> Option<ProgramIndex> {
+        if self.processes.contains_key(&pid) {
+            return Some(ProgramIndex::Python);
+        }
+        let (binary, bias) = self.find_binary(pid, mappings)?;
+        let process = bpf_process(binary.layout, binary.runtime.wrapping_add(bias));
+        if let Err(e) = self.map.insert(pid, &process) {
+            self.stats.attach_failures += 1;
+            debug!(pid, "cannot describe a CPython process to BPF: {e}");
+            return None;
+        }
+        info!(
+            pid,
+            version = format!("{}.{}", binary.layout.major, binary.layout.minor),
+            "CPython process"
+        );
+        self.processes.insert(
+            pid,
+            PythonInstance {
+                binary,
+                bias,
+                memory: None,
+            },
+        );
+        Some(ProgramIndex::Python)
+    }
+
+    fn detach(&mut self, pid: u32) {
+        if self.processes.remove(&pid).is_none() {
+            return;
+        }
+        self.map.remove(pid);
+        let stale: Vec<(u32, u64)> = self
+            .codes
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| k.0 == pid)
+            .collect();
+        for key in stale {
+            self.codes.pop(&key);
+        }
+        let stale: Vec<(u32, u64, u32)> = self
+            .frames
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| k.0 == pid)
+            .collect();
+        for key in stale {
+            self.frames.pop(&key);
+        }
+    }
+
+    fn is_interpreter_loop(&self, pid: u32, address: u64) -> bool {
+        self.processes.get(&pid).is_some_and(|p| {
+            let vaddr = address.wrapping_sub(p.bias);
+            p.binary.eval_loop.iter().any(|r| r.contains(&vaddr))
+        })
+    }
+
+    fn frames(&mut self, pid: u32, words: &[u64]) -> Vec<Vec<Arc<Frame>>> {
+        invocations(words)
+            .into_iter()
+            .map(|group| {
+                group
+                    .into_iter()
+                    .map(|(code, instr)| self.frame(pid, code, instr))
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn stats(&self) -> InterpreterStats {
+        InterpreterStats {
+            processes: self.processes.len(),
+            ..self.stats
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invocations_follow_entry_marks_and_boundaries() {
+        let f = |c| WordTag::PythonFrame.tag(c);
+        let e = |c| WordTag::PythonEntryFrame.tag(c);
+        let b = WordTag::PythonCallBoundary.tag(0);
+        // 3.12+: shims separate calls.
+        assert_eq!(
+            invocations(&[f(1), 10, f(2), 20, b, f(3), 30, b]),
+            vec![vec![(1, 10), (2, 20)], vec![(3, 30)]]
+        );
+        // 3.11 and ≤ 3.10: the outermost frame of a call is marked.
+        assert_eq!(
+            invocations(&[f(1), 10, e(2), 20, e(3), 30]),
+            vec![vec![(1, 10), (2, 20)], vec![(3, 30)]]
+        );
+        // A cut-off walk keeps what it has; junk ends the parse.
+        assert_eq!(invocations(&[f(1), 10, f(2)]), vec![vec![(1, 10), (2, 0)]]);
+        assert_eq!(
+            invocations(&[e(1), 10, 0x7fff_0000, e(2), 1]),
+            vec![vec![(1, 10)]]
+        );
+        assert!(invocations(&[]).is_empty());
+    }
+}

@@ -1,0 +1,301 @@
+// Copyright 2026 The icecore Authors
+// SPDX-License-Identifier: Apache-2.0
+
+//! End-to-end tests of the CPython unwinder: a fixture with a known split
+//! between Python functions (`fixtures/python_split.py`) runs under every
+//! CPython of the machine (pyenv's 3.8–3.13 and Debian's python3.11), each
+//! started after the agent, and icecore's shares must be within 5 percentage
+//! points of the built-in split and of py-spy's shares for the same process.
+//! Threads must each get their own Python stack, and C code called from
+//! Python (zlib) must appear under the Python function that called it.
+//!
+//! Every test loads BPF programs and needs root; without root it prints why it
+//! is skipped and passes.
+//!
+//!     sudo -E cargo test --release --test python -- --test-threads=1 --nocapture
+
+// Test code: a panic is how a helper reports a failed expectation.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+#[allow(
+    dead_code,
+    reason = "support/ serves several test targets; this one uses only part of it"
+)]
+mod support;
+
+use std::process::Child;
+use std::thread::sleep;
+use std::time::Duration;
+
+use support::python::{Interpreter, PySpyRecord, interpreters, py_spy, spawn_fixture};
+use support::run::{REPORTER_INTERVAL, SystemWideRun};
+use support::summary::{DecodedSample, count_where, inclusive, of_pid_since, pct, total};
+use support::{now_unix_nanos, require_root, serial};
+
+/// High enough for about a thousand samples per fixture with nine sharing two CPUs.
+const HZ: u32 = 499;
+/// Fixture lifetime.
+const FIXTURE_SECS: u32 = 14;
+/// Samples before this are not evaluated: icecore describes a process to BPF
+/// on its first sample, so its first stacks have no Python frames yet.
+const WARM_UP: Duration = Duration::from_secs(3);
+/// py-spy records from the end of the warm-up for this long.
+const PY_SPY_SECS: u32 = 9;
+const PY_SPY_HZ: u32 = 100;
+/// hot_alpha's share of the split, in percent.
+const ALPHA_PCT: f64 = 75.0;
+const TOLERANCE_PP: f64 = 5.0;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// hot_alpha's share of the samples in hot_alpha or warm_beta, and their number.
+fn alpha_share(samples: &[DecodedSample]) -> (f64, u64) {
+    let alpha = inclusive(samples, "hot_alpha");
+    let beta = inclusive(samples, "warm_beta");
+    (pct(alpha, alpha + beta), alpha + beta)
+}
+
+fn py_spy_share(stacks: &[(Vec<String>, u64)]) -> (f64, u64) {
+    let with = |name: &str| -> u64 {
+        stacks
+            .iter()
+            .filter(|(frames, _)| frames.iter().any(|f| f == name))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (alpha, beta) = (with("hot_alpha"), with("warm_beta"));
+    (pct(alpha, alpha + beta), alpha + beta)
+}
+
+fn wait_all(children: &mut [(Interpreter, Child)]) {
+    for (interpreter, child) in children {
+        let status = child.wait().expect("wait for the fixture");
+        assert!(
+            status.success(),
+            "{}: fixture failed: {status}",
+            interpreter.label
+        );
+    }
+}
+
+/// Runs until the fixtures are done, then lets icecore report their last samples.
+fn finish(run: &mut SystemWideRun) {
+    sleep(2 * REPORTER_INTERVAL + Duration::from_millis(500));
+    let _ = run
+        .icecore
+        .metrics_after_next_batch(Duration::from_secs(30));
+    run.icecore.stop();
+}
+
+#[test]
+fn every_cpython_matches_its_split_and_py_spy() {
+    const TEST: &str = "every_cpython_matches_its_split_and_py_spy";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let found = interpreters();
+    assert!(
+        !found.is_empty(),
+        "{TEST}: no CPython 3.8–3.13 on this machine"
+    );
+    let py_spy_dir = tmp();
+    py_spy();
+
+    let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
+    // Every fixture starts after the agent.
+    let mut fixtures: Vec<(Interpreter, Child)> = found
+        .iter()
+        .map(|i| (i.clone(), spawn_fixture(&i.python, "split", FIXTURE_SECS)))
+        .collect();
+    sleep(WARM_UP);
+    let from = now_unix_nanos();
+    let spies: Vec<PySpyRecord> = fixtures
+        .iter()
+        .map(|(_, child)| PySpyRecord::start(child.id(), PY_SPY_HZ, PY_SPY_SECS, py_spy_dir.path()))
+        .collect();
+    let pids: Vec<u32> = fixtures.iter().map(|(_, c)| c.id()).collect();
+    let spied: Vec<_> = spies.into_iter().map(PySpyRecord::finish).collect();
+    wait_all(&mut fixtures);
+    finish(&mut run);
+    let received = run.otlp_of(pids[0]);
+
+    println!(
+        "{TEST}: {:<16} {:>7} {:>9} {:>9} {:>8} {:>9} {:>8}",
+        "interpreter", "samples", "in_python", "icecore", "py-spy", "py-spy_n", "warm-up"
+    );
+    let mut failures = Vec::new();
+    for ((interpreter, _), (&pid, spy)) in fixtures.iter().zip(pids.iter().zip(&spied)) {
+        let (samples, excluded) = of_pid_since(&received.samples, pid, from);
+        let all = total(&samples);
+        let in_python = pct(count_where(&samples, |s| s.contains("split_main")), all);
+        let (share, n) = alpha_share(&samples);
+        let (spy_share, spy_n) = py_spy_share(spy);
+        println!(
+            "{TEST}: {:<16} {all:>7} {in_python:>8.1}% {share:>8.1}% {spy_share:>7.1}% {spy_n:>9} {excluded:>8}",
+            interpreter.label
+        );
+        let label = &interpreter.label;
+        if n < 200 {
+            failures.push(format!(
+                "{label}: only {n} samples in the split's functions"
+            ));
+        }
+        if in_python < 95.0 {
+            failures.push(format!(
+                "{label}: {in_python:.1}% of samples have Python frames (expected ≥ 95%)"
+            ));
+        }
+        if (share - ALPHA_PCT).abs() > TOLERANCE_PP {
+            failures.push(format!(
+                "{label}: hot_alpha {share:.1}%, built-in split {ALPHA_PCT}%"
+            ));
+        }
+        if spy_n < 100 || (share - spy_share).abs() > TOLERANCE_PP {
+            failures.push(format!(
+                "{label}: hot_alpha {share:.1}% vs py-spy's {spy_share:.1}% ({spy_n} samples)"
+            ));
+        }
+        let wrong_kind: Vec<_> = samples
+            .iter()
+            .flat_map(|s| &s.stack)
+            .filter(|f| f.function == "hot_alpha" && f.kind.as_deref() != Some("cpython"))
+            .collect();
+        if !wrong_kind.is_empty() {
+            failures.push(format!(
+                "{label}: hot_alpha frames without frame type cpython: {:?}",
+                &wrong_kind[..wrong_kind.len().min(3)]
+            ));
+        }
+        // The Python frames sit where the interpreter loop ran: under main's
+        // native frames, above the C code the interpreter calls.
+        if let Some(s) = samples.iter().find(|s| s.contains("hot_alpha")) {
+            let names = s
+                .stack
+                .iter()
+                .map(|f| f.function.as_str())
+                .collect::<Vec<_>>();
+            let alpha = names.iter().position(|&n| n == "hot_alpha").unwrap();
+            let main = names.iter().position(|&n| n == "split_main");
+            let native_root = names.iter().rposition(|&n| n == "main" || n == "_start");
+            if !(main.is_some_and(|m| m > alpha) && native_root.is_some_and(|r| Some(r) > main)) {
+                failures.push(format!("{label}: frames out of place: {names:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}
+
+#[test]
+fn threads_and_c_extensions_are_attributed() {
+    const TEST: &str = "threads_and_c_extensions_are_attributed";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let found = interpreters();
+    // The oldest and newest layouts, and Debian's static, non-PIE build.
+    let mut chosen: Vec<Interpreter> = Vec::new();
+    for i in [
+        found.first(),
+        found.iter().rfind(|i| i.label.contains("pyenv")),
+        found.last(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !chosen.iter().any(|c| c.python == i.python) {
+            chosen.push(i.clone());
+        }
+    }
+    assert!(!chosen.is_empty(), "{TEST}: no CPython on this machine");
+
+    let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
+    let mut threads: Vec<(Interpreter, Child)> = chosen
+        .iter()
+        .map(|i| (i.clone(), spawn_fixture(&i.python, "threads", FIXTURE_SECS)))
+        .collect();
+    let mut native: Vec<(Interpreter, Child)> = chosen
+        .iter()
+        .map(|i| (i.clone(), spawn_fixture(&i.python, "native", FIXTURE_SECS)))
+        .collect();
+    sleep(WARM_UP);
+    let from = now_unix_nanos();
+    let thread_pids: Vec<u32> = threads.iter().map(|(_, c)| c.id()).collect();
+    let native_pids: Vec<u32> = native.iter().map(|(_, c)| c.id()).collect();
+    wait_all(&mut threads);
+    wait_all(&mut native);
+    finish(&mut run);
+    let received = run.otlp_of(thread_pids[0]);
+
+    let mut failures = Vec::new();
+    for (interpreter, pid) in chosen.iter().zip(&thread_pids) {
+        let label = &interpreter.label;
+        let (samples, _) = of_pid_since(&received.samples, *pid, from);
+        let tids = |name: &str| -> std::collections::BTreeSet<i64> {
+            samples
+                .iter()
+                .filter(|s| s.contains(name))
+                .filter_map(|s| s.thread_id)
+                .collect()
+        };
+        let (alpha, beta) = (tids("thread_alpha"), tids("thread_beta"));
+        let both = count_where(&samples, |s| {
+            s.contains("thread_alpha") && s.contains("thread_beta")
+        });
+        let (n_alpha, n_beta) = (
+            inclusive(&samples, "thread_alpha"),
+            inclusive(&samples, "thread_beta"),
+        );
+        println!(
+            "{TEST}: {label}: thread_alpha {n_alpha} samples on threads {alpha:?}, \
+             thread_beta {n_beta} on {beta:?}, {both} mixing both"
+        );
+        if alpha.len() != 1 || beta.len() != 1 || alpha == beta || both > 0 {
+            failures.push(format!(
+                "{label}: threads not attributed: alpha on {alpha:?}, beta on {beta:?}, {both} mixed"
+            ));
+        }
+        if alpha.contains(&i64::from(*pid)) || n_alpha < 100 || n_beta < 100 {
+            failures.push(format!(
+                "{label}: expected both worker threads (not the main thread {pid}) \
+                 with ≥ 100 samples each: {n_alpha} and {n_beta}"
+            ));
+        }
+    }
+    for (interpreter, pid) in chosen.iter().zip(&native_pids) {
+        let label = &interpreter.label;
+        let (samples, _) = of_pid_since(&received.samples, *pid, from);
+        let caller = inclusive(&samples, "compress_work");
+        let is_zlib = |f: &support::summary::Frame| {
+            f.kind.as_deref() == Some("native")
+                && (f.mapping.as_deref().is_some_and(|m| m.contains("libz.so"))
+                    || f.function.starts_with("deflate")
+                    || f.function.starts_with("zlib_compress"))
+        };
+        let under = count_where(&samples, |s| {
+            let python = s.stack.iter().position(|f| f.function == "compress_work");
+            let c_code = s.stack.iter().position(is_zlib);
+            matches!((c_code, python), (Some(c), Some(p)) if c < p)
+        });
+        let above = count_where(&samples, |s| {
+            let python = s.stack.iter().position(|f| f.function == "compress_work");
+            let c_code = s.stack.iter().rposition(is_zlib);
+            matches!((c_code, python), (Some(c), Some(p)) if c > p)
+        });
+        println!(
+            "{TEST}: {label}: compress_work {caller} samples, {under} with zlib's C code under it \
+             ({:.1}%), {above} with it above",
+            pct(under, caller)
+        );
+        if caller < 200 || pct(under, caller) < 50.0 || above > 0 {
+            failures.push(format!(
+                "{label}: zlib's native frames must sit under compress_work: \
+                 {under} of {caller} under, {above} above"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}

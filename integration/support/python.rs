@@ -1,0 +1,159 @@
+// Copyright 2026 The icecore Authors
+// SPDX-License-Identifier: Apache-2.0
+
+//! The CPython interpreters of the machine (pyenv's and Debian's), the
+//! CPython fixture, and py-spy (PyPI, in a venv created once per target
+//! directory) as the reference profiler.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use super::package_dir;
+
+/// The py-spy release used as the reference.
+const PY_SPY: &str = "py-spy==0.4.3";
+
+/// A CPython to run the fixture under.
+#[derive(Debug, Clone)]
+pub struct Interpreter {
+    /// `3.12.1 (pyenv)`, `3.11 (Debian)`.
+    pub label: String,
+    pub python: PathBuf,
+}
+
+/// Every CPython 3.8–3.13 of pyenv (`$PYENV_ROOT` or `~/.pyenv`), then
+/// Debian's `/usr/bin/python3.11`, those that exist.
+pub fn interpreters() -> Vec<Interpreter> {
+    let mut found = Vec::new();
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")));
+    if let Some(versions) = root.map(|r| r.join("versions"))
+        && let Ok(dir) = std::fs::read_dir(&versions)
+    {
+        let mut by_minor = BTreeMap::new();
+        for entry in dir.flatten() {
+            let version = entry.file_name().to_string_lossy().to_string();
+            let mut parts = version.split('.');
+            let (Some("3"), Some(minor)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let Ok(minor) = minor.parse::<u32>() else {
+                continue;
+            };
+            let python = entry.path().join(format!("bin/python3.{minor}"));
+            if (8..=13).contains(&minor) && python.exists() {
+                by_minor.insert(minor, (version, python));
+            }
+        }
+        for (version, python) in by_minor.into_values() {
+            found.push(Interpreter {
+                label: format!("{version} (pyenv)"),
+                python,
+            });
+        }
+    }
+    let debian = PathBuf::from("/usr/bin/python3.11");
+    if debian.exists() {
+        found.push(Interpreter {
+            label: "3.11 (Debian)".into(),
+            python: debian,
+        });
+    }
+    found
+}
+
+/// The fixture script.
+pub fn fixture_script() -> PathBuf {
+    package_dir().join("integration/fixtures/python_split.py")
+}
+
+/// Starts the fixture in `mode` for `seconds` under `python`.
+pub fn spawn_fixture(python: &Path, mode: &str, seconds: u32) -> Child {
+    Command::new(python)
+        .arg(fixture_script())
+        .args([mode, &seconds.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {} {mode}: {e}", python.display()))
+}
+
+/// py-spy from the venv, installing it first if needed.
+pub fn py_spy() -> PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("py-spy-venv");
+    let exe = venv.join("bin/py-spy");
+    let ready = venv.join(".installed");
+    if std::fs::read_to_string(&ready).is_ok_and(|v| v == PY_SPY) && exe.exists() {
+        return exe;
+    }
+    let run = |cmd: &mut Command, what: &str| {
+        let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            out.status.success(),
+            "{what} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let _ = std::fs::remove_dir_all(&venv);
+    run(
+        Command::new("python3").args(["-m", "venv"]).arg(&venv),
+        "python3 -m venv",
+    );
+    run(
+        Command::new(venv.join("bin/pip")).args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            PY_SPY,
+        ]),
+        "pip install py-spy (PyPI)",
+    );
+    std::fs::write(&ready, PY_SPY).expect("mark the venv ready");
+    exe
+}
+
+/// A py-spy recording of one process, as folded stacks.
+pub struct PySpyRecord {
+    child: Child,
+    output: PathBuf,
+}
+
+impl PySpyRecord {
+    /// Records `pid` at `rate` Hz for `seconds` into `dir`.
+    pub fn start(pid: u32, rate: u32, seconds: u32, dir: &Path) -> PySpyRecord {
+        let output = dir.join(format!("py-spy-{pid}.txt"));
+        let child = Command::new(py_spy())
+            .args(["record", "--nonblocking", "-f", "raw", "-r"])
+            .arg(rate.to_string())
+            .arg("-d")
+            .arg(seconds.to_string())
+            .arg("-o")
+            .arg(&output)
+            .arg("--pid")
+            .arg(pid.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start py-spy");
+        PySpyRecord { child, output }
+    }
+
+    /// Waits for the recording; (stack frames root first, count) per line.
+    pub fn finish(mut self) -> Vec<(Vec<String>, u64)> {
+        let status = self.child.wait().expect("wait for py-spy");
+        assert!(status.success(), "py-spy failed: {status}");
+        let text = std::fs::read_to_string(&self.output).expect("read py-spy's output");
+        text.lines()
+            .filter_map(|line| {
+                let (stack, count) = line.rsplit_once(' ')?;
+                let frames = stack
+                    .split(';')
+                    .map(|f| f.split(" (").next().unwrap_or(f).trim().to_string())
+                    .collect();
+                Some((frames, count.parse().ok()?))
+            })
+            .collect()
+    }
+}
