@@ -13,6 +13,8 @@ pub mod code;
 pub mod detect;
 pub mod layouts;
 pub mod line_table;
+#[cfg(test)]
+mod walk_tests;
 
 use std::{collections::HashMap, num::NonZeroUsize, path::PathBuf, sync::Arc};
 

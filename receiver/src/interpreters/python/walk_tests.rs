@@ -1,0 +1,161 @@
+//! The BPF walk (`icecore_unwinders::python`), run on the host against live
+//! CPython processes of every version on the machine: the same code BPF
+//! runs, reading the process's memory through `/proc/PID/mem`.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+};
+
+use icecore_unwinders::{
+    MemoryReader,
+    interpreter::WordTag,
+    python::{PythonProcess, PythonStep},
+};
+
+use super::{
+    bpf_process,
+    code::read_code,
+    detect::{inspect, version_from_name},
+    invocations,
+};
+use crate::{interpreters::memory::ProcessMemory, process_maps::ProcessMappings};
+
+/// Blocks in `leaf`, three Python calls below the module, after printing
+/// its `pthread_self()`.
+const SCRIPT: &str = "
+import threading, time
+def leaf():
+    print(threading.get_ident(), flush=True)
+    time.sleep(120)
+def mid():
+    leaf()
+def top():
+    mid()
+top()
+";
+
+struct Host(ProcessMemory);
+
+impl MemoryReader for Host {
+    fn read_u64(&mut self, address: u64) -> Option<u64> {
+        self.0.read_u64(address).ok()
+    }
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn interpreters() -> Vec<PathBuf> {
+    let mut found = vec![PathBuf::from("/usr/bin/python3.11")];
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")));
+    if let Some(Ok(dir)) = root.map(|r| std::fs::read_dir(r.join("versions"))) {
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            for minor in 8..=13 {
+                if name.starts_with(&format!("3.{minor}.")) {
+                    found.push(entry.path().join(format!("bin/python3.{minor}")));
+                }
+            }
+        }
+    }
+    found.retain(|p| p.exists());
+    found
+}
+
+/// Names of the frames the walk finds, innermost first, and how many
+/// interpreter-loop invocations they form.
+fn walk(python: &Path) -> (Vec<String>, usize, (u8, u8)) {
+    let mut child = Command::new(python)
+        .args(["-c", SCRIPT])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let child = Killed(child);
+    let pid = child.0.id();
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let thread: u64 = line.trim().parse().unwrap();
+
+    let mappings = ProcessMappings::read(pid).unwrap();
+    let (binary, bias) = mappings
+        .executable()
+        .find_map(|m| {
+            let version = version_from_name(&m.path)?;
+            let binary = inspect(Path::new(&*m.path), version).ok()?;
+            let bias = binary.load_bias(m.start, m.file_offset)?;
+            Some((binary, bias))
+        })
+        .unwrap_or_else(|| panic!("{}: no CPython mapping", python.display()));
+    let layout = binary.layout;
+    let process: PythonProcess = bpf_process(layout, binary.runtime + bias);
+    let mut memory = Host(ProcessMemory::open(pid).unwrap());
+    let tstate = process.thread_state(thread, &mut memory).unwrap();
+    let mut frame = process.current_frame(tstate, &mut memory).unwrap();
+    let mut words = Vec::new();
+    for _ in 0..64 {
+        if frame == 0 {
+            break;
+        }
+        match process.step(&mut frame, &mut memory) {
+            PythonStep::Frame { code_word, instr } => words.extend([code_word, instr]),
+            PythonStep::Boundary(word) => words.push(word),
+            PythonStep::ReadFailed => panic!("{}: read failed", python.display()),
+        }
+    }
+    let groups = invocations(&words);
+    let reader = ProcessMemory::open(pid).unwrap();
+    let names = groups
+        .iter()
+        .flatten()
+        .map(|&(code, _)| {
+            let code_type = binary.code_type.map(|t| t + bias);
+            read_code(&reader, layout, code, code_type)
+                .unwrap()
+                .name
+                .to_string()
+        })
+        .collect();
+    assert!(
+        words.first().is_some_and(|&w| WordTag::of(w).is_some()),
+        "{}: the walk's first word is not a tagged frame",
+        python.display()
+    );
+    (names, groups.len(), (layout.major, layout.minor))
+}
+
+#[test]
+fn the_bpf_walk_finds_each_versions_frames_in_a_live_process() {
+    let found = interpreters();
+    assert!(!found.is_empty(), "no CPython on this machine");
+    for python in found {
+        let (names, invocations, version) = walk(&python);
+        println!(
+            "{}: {names:?} in {invocations} invocation(s)",
+            python.display()
+        );
+        // The interpreter may run startup code above the module (site, runpy).
+        assert_eq!(
+            names[..4],
+            ["leaf", "mid", "top", "<module>"],
+            "{}",
+            python.display()
+        );
+        if version >= (3, 11) {
+            // Python-to-Python calls run inside one _PyEval_EvalFrameDefault.
+            assert_eq!(invocations, 1, "{}", python.display());
+        } else {
+            assert_eq!(invocations, names.len(), "{}", python.display());
+        }
+    }
+}
