@@ -101,11 +101,14 @@ impl PythonProcess {
             if tstate == 0 {
                 return None;
             }
+            // `next` first: it precedes `thread_id` in every version, so a
+            // windowed reader serves both from one copy.
+            let next = memory.read_u64(tstate.wrapping_add(u64::from(self.tstate_next)))?;
             let id = memory.read_u64(tstate.wrapping_add(u64::from(self.tstate_thread_id)))?;
             if id == thread {
                 return Some(tstate);
             }
-            tstate = memory.read_u64(tstate.wrapping_add(u64::from(self.tstate_next)))?;
+            tstate = next;
         }
         None
     }
@@ -125,34 +128,42 @@ impl PythonProcess {
     #[inline(always)]
     pub fn step<M: MemoryReader>(&self, frame: &mut u64, memory: &mut M) -> PythonStep {
         let at = *frame;
-        let Some(previous) = memory.read_u64(at.wrapping_add(u64::from(self.frame_previous)))
-        else {
+        let field = |offset: u16| at.wrapping_add(u64::from(offset));
+        // Fields in ascending offset order (code or previous first, then the
+        // instruction, then the entry marker, in every version), so that a
+        // windowed reader copies the frame once and serves the rest from it.
+        let pair = if self.frame_code < self.frame_previous {
+            memory
+                .read_u64(field(self.frame_code))
+                .zip(memory.read_u64(field(self.frame_previous)))
+        } else {
+            memory
+                .read_u64(field(self.frame_previous))
+                .zip(memory.read_u64(field(self.frame_code)))
+                .map(|(previous, code)| (code, previous))
+        };
+        let Some((code, previous)) = pair else {
             return PythonStep::ReadFailed;
         };
-        let mut tag = WordTag::PythonFrame;
+        let Some(instr) = memory.read_u64(field(self.frame_instr)) else {
+            return PythonStep::ReadFailed;
+        };
+        let mut tag = WordTag::PythonEntryFrame;
         if self.entry_kind != entry_kind::EVERY_FRAME {
-            let Some(marker) = memory.read_u64(at.wrapping_add(u64::from(self.entry_offset)))
-            else {
+            // The marker is a byte; its aligned word keeps windowed reads
+            // in the window (an unaligned read is a helper call of its own).
+            let Some(word) = memory.read_u64(field(self.entry_offset & !7)) else {
                 return PythonStep::ReadFailed;
             };
-            let marker = marker as u8;
-            if self.entry_kind == entry_kind::CSTACK_SHIM {
-                if marker == self.cstack_owner {
-                    *frame = previous;
-                    return PythonStep::Boundary(WordTag::PythonCallBoundary.tag(0));
-                }
-            } else if marker != 0 {
-                tag = WordTag::PythonEntryFrame;
+            let marker = (word >> ((self.entry_offset & 7) * 8)) as u8;
+            if self.entry_kind == entry_kind::CSTACK_SHIM && marker == self.cstack_owner {
+                *frame = previous;
+                return PythonStep::Boundary(WordTag::PythonCallBoundary.tag(0));
             }
-        } else {
-            tag = WordTag::PythonEntryFrame;
+            if self.entry_kind == entry_kind::CSTACK_SHIM || marker == 0 {
+                tag = WordTag::PythonFrame;
+            }
         }
-        let Some(code) = memory.read_u64(at.wrapping_add(u64::from(self.frame_code))) else {
-            return PythonStep::ReadFailed;
-        };
-        let Some(instr) = memory.read_u64(at.wrapping_add(u64::from(self.frame_instr))) else {
-            return PythonStep::ReadFailed;
-        };
         let instr = if self.instr_is_int != 0 {
             instr & 0xffff_ffff
         } else {
@@ -225,7 +236,9 @@ mod tests {
         m.put(0x6000, 0xc0dea);
         m.put(0x6008, 0x7000);
         m.put(0x6038, 0xc0dea + 0x60);
+        m.put(0x7000, 0x7a4d); // the shim's code: the interpreter's trampoline
         m.put(0x7008, 0x8000);
+        m.put(0x7038, 0);
         m.put(0x8000, 0xc0deb);
         m.put(0x8008, 0);
         m.put(0x8038, 0xc0deb + 0x80);
@@ -235,11 +248,11 @@ mod tests {
         assert_eq!(tstate, 0x4000);
         let mut frame = p.current_frame(tstate, &mut m).unwrap();
         assert_eq!(frame, 0x6000);
-        // The owner byte is the low byte of the word read at entry_offset.
+        // The owner byte at 0x46 is byte 6 of the aligned word at 0x40.
         let mut m2 = m;
-        m2.put(0x7046, 3);
-        m2.put(0x6046, 0);
-        m2.put(0x8046, 0);
+        m2.put(0x7040, 3 << 48);
+        m2.put(0x6040, 0xffff); // other fields' bytes around the owner
+        m2.put(0x8040, 0);
         assert_eq!(
             p.step(&mut frame, &mut m2),
             PythonStep::Frame {
