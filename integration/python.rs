@@ -41,7 +41,7 @@ const FIXTURE_SECS: u32 = 14;
 const WARM_UP: Duration = Duration::from_secs(3);
 /// py-spy records from the end of the warm-up for this long.
 const PY_SPY_SECS: u32 = 9;
-const PY_SPY_HZ: u32 = 100;
+const PY_SPY_HZ: u32 = 250;
 /// hot_alpha's share of the split, in percent.
 const ALPHA_PCT: f64 = 75.0;
 const TOLERANCE_PP: f64 = 5.0;

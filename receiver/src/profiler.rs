@@ -201,6 +201,12 @@ impl CpuProfiler {
                     let interpreter = interpreters.attach(pid, &process.mappings);
                     native.describe_process(pid, &process.mappings, interpreter);
                 }
+                if sample.header.interpreter_words > 0
+                    && let Some(plugin) = interpreters.owner_of(pid)
+                {
+                    let words: Vec<u64> = sample.interpreter_words().collect();
+                    plugin.observe(pid, &words);
+                }
                 aggregator.add(&sample, clock.to_unix(sample.header.ktime_ns));
             }
             Err(e) => {

@@ -16,6 +16,9 @@
 //! - [`is_interpreter_loop`](InterpreterPlugin::is_interpreter_loop) names
 //!   the native frames the interpreted frames replace (CPython's
 //!   `_PyEval_EvalFrameDefault`).
+//! - [`observe`](InterpreterPlugin::observe) reads what symbolizing a
+//!   sample's words needs as soon as the sample arrives (code objects of a
+//!   process that exits before its batch is cut can no longer be read).
 //! - [`frames`](InterpreterPlugin::frames) turns one sample's tagged words
 //!   into frames, one group per interpreter-loop invocation; [`splice`] puts
 //!   each group in the place of its loop's native frame.
@@ -59,6 +62,10 @@ pub trait InterpreterPlugin: Send {
     fn attach(&mut self, pid: u32, mappings: &ProcessMappings) -> Option<ProgramIndex>;
     /// Frees everything held for `pid` (exit or exec); unknown pids are ignored.
     fn detach(&mut self, pid: u32);
+    /// Reads now, while the process surely runs, what symbolizing `words`
+    /// later will need: samples are symbolized when their batch is cut, by
+    /// which time a short-lived process may be gone.
+    fn observe(&mut self, pid: u32, words: &[u64]);
     /// Whether the native frame at `address` of `pid` is an invocation of the
     /// interpreter loop, to be replaced by that invocation's frames.
     fn is_interpreter_loop(&self, pid: u32, address: u64) -> bool;

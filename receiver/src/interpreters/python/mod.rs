@@ -319,6 +319,14 @@ impl InterpreterPlugin for PythonPlugin {
         }
     }
 
+    fn observe(&mut self, pid: u32, words: &[u64]) {
+        for group in invocations(words) {
+            for (code, _) in group {
+                self.code_info(pid, code);
+            }
+        }
+    }
+
     fn is_interpreter_loop(&self, pid: u32, address: u64) -> bool {
         self.processes.get(&pid).is_some_and(|p| {
             let vaddr = address.wrapping_sub(p.bias);
