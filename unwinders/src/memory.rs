@@ -73,12 +73,26 @@ pub trait BlockReader: MemoryReader {
 pub struct WindowedReader<'a, R> {
     window: &'a mut StackWindow,
     inner: R,
+    /// Bytes one refill copies at most.
+    block: u64,
 }
 
 impl<'a, R: BlockReader> WindowedReader<'a, R> {
     /// A reader over `inner` that keeps its copy in `window`.
     pub fn new(window: &'a mut StackWindow, inner: R) -> Self {
-        WindowedReader { window, inner }
+        Self::with_block(window, inner, STACK_WINDOW_BYTES as u32)
+    }
+
+    /// A reader whose refills copy at most `block` bytes (rounded down to
+    /// words, at most [`STACK_WINDOW_BYTES`]): for walks that hop between
+    /// small objects, where copying a whole window would mostly be waste.
+    pub fn with_block(window: &'a mut StackWindow, inner: R, block: u32) -> Self {
+        let block = u64::from(block).min(STACK_WINDOW_BYTES as u64) & !7;
+        WindowedReader {
+            window,
+            inner,
+            block,
+        }
     }
 }
 
@@ -100,10 +114,10 @@ impl<R: BlockReader> MemoryReader for WindowedReader<'_, R> {
             return self.inner.read_u64(address);
         }
         let to_page_end = PAGE_SIZE - (address & (PAGE_SIZE - 1));
-        let len = if to_page_end < STACK_WINDOW_BYTES as u64 {
+        let len = if to_page_end < self.block {
             to_page_end as u32
         } else {
-            STACK_WINDOW_BYTES as u32
+            self.block as u32
         };
         if self.inner.read_block(address, &mut self.window.words, len) {
             self.window.base = address;
@@ -207,5 +221,17 @@ mod tests {
         assert_eq!(reader.read_u64(0x30_00f8), Some(0x30_00f8 ^ 0xff));
         window.clear();
         assert_eq!(window.bytes, 0);
+    }
+
+    #[test]
+    fn small_blocks_copy_only_what_was_asked() {
+        let mut window = StackWindow::new();
+        let mut reader = WindowedReader::with_block(&mut window, fake(0x40_0000, 0x40_8000), 100);
+        assert_eq!(reader.read_u64(0x40_0100), Some(0x40_0100 ^ 0xff));
+        assert_eq!(reader.window.bytes, 96, "rounded down to words");
+        assert_eq!(reader.read_u64(0x40_0158), Some(0x40_0158 ^ 0xff));
+        assert_eq!(reader.inner.blocks, 1);
+        assert_eq!(reader.read_u64(0x40_0160), Some(0x40_0160 ^ 0xff));
+        assert_eq!(reader.inner.blocks, 2);
     }
 }
