@@ -65,6 +65,9 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
             scratch.state.interpreter_frame = 0;
             break;
         }
+        if process.frames_on_stack != 0 {
+            memory.prefetch_below(frame, u64::from(process.frame_span));
+        }
         let (first, second, used) = match process.step(&mut frame, &mut memory) {
             PythonStep::Frame { code_word, instr } => {
                 scratch.state.python_frames += 1;

@@ -96,6 +96,43 @@ impl<'a, R: BlockReader> WindowedReader<'a, R> {
     }
 }
 
+impl<R: BlockReader> WindowedReader<'_, R> {
+    /// Makes the window hold `[address, address + span)` and as much of the
+    /// same page *below* it as a window holds, unless it holds that range
+    /// already: for walks that go down in memory, such as CPython 3.11+
+    /// frames, whose callers sit just below them on the interpreter's stack.
+    /// Failure is harmless: the reads that follow fall back to their own.
+    #[inline(always)]
+    pub fn prefetch_below(&mut self, address: u64, span: u64) {
+        let end = address.wrapping_add(span);
+        let offset = address.wrapping_sub(self.window.base);
+        if offset < self.window.bytes && end.wrapping_sub(self.window.base) <= self.window.bytes {
+            return;
+        }
+        let page = address & !(PAGE_SIZE - 1);
+        if address & 7 != 0 || span > STACK_WINDOW_BYTES as u64 || end > page + PAGE_SIZE {
+            return;
+        }
+        let mut start = end.saturating_sub(STACK_WINDOW_BYTES as u64);
+        if start < page {
+            start = page;
+        }
+        let len = end - start;
+        if len == 0 || len & 7 != 0 {
+            return;
+        }
+        if self
+            .inner
+            .read_block(start, &mut self.window.words, len as u32)
+        {
+            self.window.base = start;
+            self.window.bytes = len;
+        } else {
+            self.window.bytes = 0;
+        }
+    }
+}
+
 impl<R: BlockReader> MemoryReader for WindowedReader<'_, R> {
     #[inline(always)]
     fn read_u64(&mut self, address: u64) -> Option<u64> {
@@ -233,5 +270,26 @@ mod tests {
         assert_eq!(reader.inner.blocks, 1);
         assert_eq!(reader.read_u64(0x40_0160), Some(0x40_0160 ^ 0xff));
         assert_eq!(reader.inner.blocks, 2);
+    }
+
+    #[test]
+    fn prefetching_below_serves_a_downward_walk() {
+        let mut window = StackWindow::new();
+        let mut reader = WindowedReader::with_block(&mut window, fake(0x50_0000, 0x50_2000), 192);
+        // A frame at 0x50_1800 and its callers below it, 96 bytes apart.
+        reader.prefetch_below(0x50_1800, 80);
+        assert_eq!(reader.window.base, 0x50_1850 - STACK_WINDOW_BYTES as u64);
+        for frame in (0..8).map(|i| 0x50_1800 - 96 * i) {
+            reader.prefetch_below(frame, 80);
+            assert_eq!(reader.read_u64(frame + 8), Some((frame + 8) ^ 0xff));
+        }
+        assert_eq!((reader.inner.blocks, reader.inner.words), (1, 0));
+        // Never below the page: a frame near the page start gets a short copy.
+        reader.prefetch_below(0x50_1010, 80);
+        assert_eq!(reader.window.base, 0x50_1000);
+        assert_eq!(reader.window.bytes, 0x60);
+        // Unreadable: no stale window is left.
+        reader.prefetch_below(0x60_0000, 80);
+        assert_eq!(reader.window.bytes, 0);
     }
 }

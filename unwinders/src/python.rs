@@ -63,8 +63,13 @@ pub struct PythonProcess {
     pub cstack_owner: u8,
     /// 1 when the instruction position is a 32-bit int (`f_lasti`), 0 for a pointer.
     pub instr_is_int: u8,
+    /// 1 when frames live on the interpreter's own stack, each caller just
+    /// below its callee (3.11+), so that one copy can serve several frames.
+    pub frames_on_stack: u8,
+    /// Bytes from a frame's start to the end of the last field the walk reads.
+    pub frame_span: u8,
     /// Zero.
-    pub reserved: [u8; 3],
+    pub reserved: u8,
 }
 
 const _: () = assert!(core::mem::size_of::<PythonProcess>() == 32);
@@ -216,7 +221,9 @@ mod tests {
             entry_kind: entry_kind::CSTACK_SHIM,
             cstack_owner: 3,
             instr_is_int: 0,
-            reserved: [0; 3],
+            frames_on_stack: 1,
+            frame_span: 72,
+            reserved: 0,
         }
     }
 

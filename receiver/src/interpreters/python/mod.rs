@@ -226,8 +226,28 @@ pub fn bpf_process(layout: &PythonLayout, runtime: u64) -> PythonProcess {
             layout.instr,
             InstrEncoding::LastiBytes | InstrEncoding::LastiCodeUnits
         )),
-        reserved: [0; 3],
+        frames_on_stack: u8::from(!matches!(layout.entry, EntryMarker::EveryFrame)),
+        frame_span: frame_span(layout),
+        reserved: 0,
     }
+}
+
+/// Bytes from a frame's start to the end of the last field the walk reads.
+fn frame_span(layout: &PythonLayout) -> u8 {
+    let entry = match layout.entry {
+        EntryMarker::EveryFrame => 0,
+        EntryMarker::IsEntry(offset) | EntryMarker::CStackShim { owner: offset, .. } => offset & !7,
+    };
+    let last = [
+        layout.frame_code,
+        layout.frame_previous,
+        layout.frame_instr,
+        entry,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    u8::try_from(last + 8).unwrap_or(u8::MAX)
 }
 
 /// Splits one sample's tagged words into loop invocations, innermost first:
