@@ -96,30 +96,8 @@ fn measure(exe: &Path, depth: u32, cpus: usize, frequency_hz: u32) -> Run {
     }
 }
 
-/// Least-squares line through (x, y): (intercept, slope).
-fn fit(points: &[(f64, f64)]) -> (f64, f64) {
-    let n = points.len() as f64;
-    let (sx, sy) = points
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
-    let sxx: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
-    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
-    (my - slope * mx, slope)
-}
-
 fn main() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("bpf_cost: skipped, needs root to load the BPF programs");
-        return;
-    }
-    // `cargo bench` passes --bench; a filter that names another bench skips this one.
-    if std::env::args()
-        .skip(1)
-        .any(|a| !a.starts_with('-') && !"bpf_cost".contains(a.as_str()))
-    {
+    if !icecore_benches::root_bench_selected("bpf_cost") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -166,6 +144,6 @@ fn main() {
         .iter()
         .map(|r| (r.frames_per_sample, r.ns_per_sample))
         .collect();
-    let (fixed, per_frame) = fit(&points);
+    let (fixed, per_frame) = icecore_benches::fit(&points);
     println!("fit: {fixed:.0} ns fixed + {per_frame:.1} ns per native frame (target: 2000 + 100)");
 }

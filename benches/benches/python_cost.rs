@@ -157,19 +157,6 @@ fn run(python: usize, depth: u32, (before, after): (Totals, Totals)) -> Run {
     }
 }
 
-/// Least-squares line through (x, y): (intercept, slope).
-fn fit(points: &[(f64, f64)]) -> (f64, f64) {
-    let n = points.len() as f64;
-    let (sx, sy) = points
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
-    let sxx: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
-    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
-    (my - slope * mx, slope)
-}
-
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -178,16 +165,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn main() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("python_cost: skipped, needs root to load the BPF programs");
-        return;
-    }
-    // `cargo bench` passes --bench; a filter that names another bench skips this one.
-    if std::env::args()
-        .skip(1)
-        .any(|a| !a.starts_with('-') && !"python_cost".contains(a.as_str()))
-    {
+    if !icecore_benches::root_bench_selected("python_cost") {
         return;
     }
     let Some(main_python) = std::env::var_os("PYTHON_COST_PYTHON")
@@ -246,7 +224,7 @@ fn main() {
         .filter(|r| r.python == 0)
         .map(|r| (r.python_per_sample, r.ns_per_sample))
         .collect();
-    let (fixed, per_frame) = fit(&points);
+    let (fixed, per_frame) = icecore_benches::fit(&points);
     println!(
         "fit: {fixed:.0} ns fixed + {per_frame:.1} ns per Python frame ({})",
         labels[0]

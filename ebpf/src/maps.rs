@@ -1,5 +1,6 @@
 //! Maps shared by the programs, and the counter helper.
 
+use aya_ebpf::programs::PerfEventContext;
 use aya_ebpf::{
     bindings::{BPF_F_INNER_MAP, BPF_F_MMAPABLE},
     btf_maps::{Array, ArrayOfMaps},
@@ -7,7 +8,7 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use icecore_unwinders::{
-    COUNTER_COUNT, Counter, UnwindScratch,
+    COUNTER_COUNT, Counter, MAX_TAIL_CALLS, ProgramIndex, UnwindScratch, UnwindState,
     native::{ProcessMappingTable, UnwindChunk, mappings::PROCESS_SLOTS_MAX},
     programs::PROGRAM_COUNT,
     python::{PYTHON_PROCESSES_MAX, PythonProcess},
@@ -67,6 +68,22 @@ pub static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 /// PIDs to sample when `FILTER_BY_PID` is set. User space sizes it at load time.
 #[map]
 pub static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+
+/// Continues the sample in `program` if its tail-call budget allows. Returns
+/// only when it did not: out of budget (false), or the call failed (true,
+/// counted), in which case the caller must stop without emitting.
+#[inline(always)]
+pub fn continue_in(ctx: &PerfEventContext, state: &mut UnwindState, program: ProgramIndex) -> bool {
+    if u32::from(state.tail_calls) >= MAX_TAIL_CALLS {
+        return false;
+    }
+    state.tail_calls += 1;
+    // SAFETY: every slot holds a perf-event program; with `program` a
+    // constant after inlining, the JIT patches a direct jump.
+    unsafe { PROGRAMS.tail_call(ctx, program as u32) };
+    count(Counter::TailCallFailed);
+    true
+}
 
 /// Adds one to a counter of this CPU.
 #[inline(always)]

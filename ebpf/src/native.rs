@@ -19,7 +19,7 @@ use icecore_unwinders::{
     sample::{INTERPRETER_WALK_START, MAX_FRAMES, MAX_USER_FRAMES, flags},
 };
 
-use crate::maps::{PROCESS_MAPPINGS, PROCESS_SLOTS, PROGRAMS, SCRATCH, UNWIND_TABLES, count};
+use crate::maps::{PROCESS_MAPPINGS, PROCESS_SLOTS, SCRATCH, UNWIND_TABLES, continue_in, count};
 
 /// Frames walked per program run; tail calls continue. Each frame costs the
 /// verifier about 4,400 instructions (the searches have fixed probe counts),
@@ -200,11 +200,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         }
     }
     if !finished {
-        if u32::from(scratch.state.tail_calls) < MAX_TAIL_CALLS {
-            scratch.state.tail_calls += 1;
-            // SAFETY: same program type in every slot.
-            unsafe { PROGRAMS.tail_call(ctx, ProgramIndex::NativeUnwinder as u32) };
-            count(Counter::TailCallFailed);
+        if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeUnwinder) {
             return 0;
         }
         count(Counter::UserStackTruncated);
@@ -213,14 +209,11 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     // The process's interpreter unwinder, if any, continues the sample.
     if let Some(mappings) = mappings
         && mappings.interpreter == ProgramIndex::Python as u32
-        && u32::from(scratch.state.tail_calls) < MAX_TAIL_CALLS
     {
-        scratch.state.tail_calls += 1;
         scratch.state.interpreter_frame = INTERPRETER_WALK_START;
-        // SAFETY: same program type in every slot.
-        unsafe { PROGRAMS.tail_call(ctx, ProgramIndex::Python as u32) };
-        count(Counter::TailCallFailed);
-        return 0;
+        if continue_in(ctx, &mut scratch.state, ProgramIndex::Python) {
+            return 0;
+        }
     }
     // Emitting here rather than in `emit_sample` saves a tail call.
     crate::emit::emit(scratch);

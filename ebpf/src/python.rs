@@ -5,13 +5,13 @@
 
 use aya_ebpf::programs::PerfEventContext;
 use icecore_unwinders::{
-    Counter, MAX_TAIL_CALLS, ProgramIndex, WindowedReader,
+    Counter, ProgramIndex, WindowedReader,
     python::PythonStep,
     sample::{INTERPRETER_WALK_START, MAX_FRAMES, flags},
 };
 
 use crate::{
-    maps::{PROGRAMS, PYTHON_PROCESSES, SCRATCH, count},
+    maps::{PYTHON_PROCESSES, SCRATCH, continue_in, count},
     native::UserMemory,
 };
 
@@ -93,11 +93,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         scratch.state.interpreter_frame = frame;
     }
     if scratch.state.interpreter_frame != 0 {
-        if u32::from(scratch.state.tail_calls) < MAX_TAIL_CALLS {
-            scratch.state.tail_calls += 1;
-            // SAFETY: same program type in every slot.
-            unsafe { PROGRAMS.tail_call(ctx, ProgramIndex::Python as u32) };
-            count(Counter::TailCallFailed);
+        if continue_in(ctx, &mut scratch.state, ProgramIndex::Python) {
             return 0;
         }
         count(Counter::PythonStackTruncated);

@@ -79,39 +79,9 @@ pub fn spawn_fixture(python: &Path, mode: &str, seconds: u32) -> Child {
         .unwrap_or_else(|e| panic!("start {} {mode}: {e}", python.display()))
 }
 
-/// py-spy from the venv, installing it first if needed.
+/// py-spy from its venv, installing it first if needed.
 pub fn py_spy() -> PathBuf {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("py-spy-venv");
-    let exe = venv.join("bin/py-spy");
-    let ready = venv.join(".installed");
-    if std::fs::read_to_string(&ready).is_ok_and(|v| v == PY_SPY) && exe.exists() {
-        return exe;
-    }
-    let run = |cmd: &mut Command, what: &str| {
-        let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(
-            out.status.success(),
-            "{what} failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let _ = std::fs::remove_dir_all(&venv);
-    run(
-        Command::new("python3").args(["-m", "venv"]).arg(&venv),
-        "python3 -m venv",
-    );
-    run(
-        Command::new(venv.join("bin/pip")).args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            PY_SPY,
-        ]),
-        "pip install py-spy (PyPI)",
-    );
-    std::fs::write(&ready, PY_SPY).expect("mark the venv ready");
-    exe
+    super::python_otlp::pypi_venv("py-spy-venv", &[PY_SPY]).join("bin/py-spy")
 }
 
 /// A py-spy recording of one process, as folded stacks.

@@ -16,11 +16,18 @@ const OTEL_PROTO: &str = "opentelemetry-proto==1.45.2";
 /// The venv's Python, creating the venv first if needed. Panics with pip's
 /// output when PyPI cannot be reached.
 pub fn venv_python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("otlp-python-venv");
-    let python = venv.join("bin/python");
+    pypi_venv("otlp-python-venv", &[OTEL_PROTO, "grpcio"]).join("bin/python")
+}
+
+/// A venv in the target directory named `name` holding `packages` from
+/// PyPI, created once (again when the package list changes). Returns its
+/// directory. Panics with pip's output when PyPI cannot be reached.
+pub fn pypi_venv(name: &str, packages: &[&str]) -> PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let ready = venv.join(".installed");
-    if std::fs::read_to_string(&ready).is_ok_and(|v| v == OTEL_PROTO) {
-        return python;
+    let wanted = packages.join(" ");
+    if std::fs::read_to_string(&ready).is_ok_and(|v| v == wanted) {
+        return venv;
     }
     let run = |cmd: &mut Command, what: &str| {
         let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -37,17 +44,13 @@ pub fn venv_python() -> PathBuf {
         "python3 -m venv",
     );
     run(
-        Command::new(venv.join("bin/pip")).args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            OTEL_PROTO,
-            "grpcio",
-        ]),
-        "pip install opentelemetry-proto grpcio (PyPI)",
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .args(packages),
+        &format!("pip install {wanted} (PyPI)"),
     );
-    std::fs::write(&ready, OTEL_PROTO).expect("mark the venv ready");
-    python
+    std::fs::write(&ready, &wanted).expect("mark the venv ready");
+    venv
 }
 
 /// The receiver process; killed on drop.
