@@ -17,7 +17,7 @@ use axum::{
     routing::get,
 };
 use icecore_otlp::{ExportStats, receive::ReceiverStats};
-use icecore_receiver::{Counter, ProfilerStats};
+use icecore_receiver::{Counter, ProfilerStats, interpreters::InterpreterStats};
 use tracing::{info, warn};
 
 use crate::pull::{PullError, PullHub};
@@ -303,7 +303,55 @@ fn render(stats: &ProfilerStats) -> String {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
         );
     }
+    render_interpreters(&mut out, &stats.interpreters);
     out
+}
+
+/// A metric family of the interpreter plugins: name, type, help, value.
+type InterpreterFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&InterpreterStats) -> u64,
+);
+
+fn render_interpreters(out: &mut String, plugins: &[(&str, InterpreterStats)]) {
+    let families: [InterpreterFamily; 4] = [
+        (
+            "icecore_interpreter_processes",
+            "gauge",
+            "Processes described to an interpreter unwinder.",
+            |s| s.processes as u64,
+        ),
+        (
+            "icecore_interpreter_attach_failures_total",
+            "counter",
+            "Interpreters found but not describable (version, symbols, map update).",
+            |s| s.attach_failures,
+        ),
+        (
+            "icecore_interpreter_frames_total",
+            "counter",
+            "Interpreter frames symbolized.",
+            |s| s.frames,
+        ),
+        (
+            "icecore_interpreter_frame_errors_total",
+            "counter",
+            "Interpreter frames whose code object could not be read.",
+            |s| s.frame_errors,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (interpreter, stats) in plugins {
+            let _ = writeln!(
+                out,
+                "{name}{{interpreter=\"{interpreter}\"}} {}",
+                value(stats)
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -321,6 +369,24 @@ mod tests {
         for counter in Counter::ALL {
             assert!(text.contains(&format!("counter=\"{}\"", counter.name())));
         }
+    }
+
+    #[test]
+    fn renders_interpreter_counts() {
+        let stats = ProfilerStats {
+            interpreters: vec![(
+                "cpython",
+                InterpreterStats {
+                    processes: 2,
+                    frames: 9,
+                    ..Default::default()
+                },
+            )],
+            ..Default::default()
+        };
+        let text = render(&stats);
+        assert!(text.contains("icecore_interpreter_processes{interpreter=\"cpython\"} 2"));
+        assert!(text.contains("icecore_interpreter_frames_total{interpreter=\"cpython\"} 9"));
     }
 
     #[test]
