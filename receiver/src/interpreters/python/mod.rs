@@ -16,7 +16,13 @@ pub mod line_table;
 #[cfg(test)]
 mod walk_tests;
 
-use std::{collections::HashMap, num::NonZeroUsize, path::PathBuf, sync::Arc};
+use std::{
+    collections::HashMap,
+    num::NonZeroUsize,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use icecore_otlp::model::{Frame, FrameKind, Line};
 use icecore_unwinders::{
@@ -41,6 +47,18 @@ const BINARY_CACHE: usize = 256;
 const CODE_CACHE: usize = 16_384;
 /// Distinct (code object, line) frames remembered, over all processes.
 const FRAME_CACHE: usize = 32_768;
+/// A code object still sampled is read again after this long: CPython may
+/// free a code object and place another at its address (code made by
+/// `exec`, for example), and the cache is keyed by address.
+const REREAD_AFTER: Duration = Duration::from_secs(60);
+
+/// A cached read of a code object.
+#[derive(Clone)]
+struct CodeEntry {
+    read_at: Instant,
+    /// None when the read failed (not a code object, or unreadable).
+    info: Option<Arc<CodeInfo>>,
+}
 
 /// Where the CPython unwinder's per-process data goes: the BPF map
 /// `PYTHON_PROCESSES`, or a stand-in in tests.
@@ -73,7 +91,7 @@ pub struct PythonPlugin {
     map: Box<dyn PythonProcessMap>,
     binaries: LruCache<FileKey, Option<Arc<PythonBinary>>>,
     processes: HashMap<u32, PythonInstance>,
-    codes: LruCache<(u32, u64), Option<Arc<CodeInfo>>>,
+    codes: LruCache<(u32, u64), CodeEntry>,
     frames: LruCache<(u32, u64, u32), Arc<Frame>>,
     stats: InterpreterStats,
 }
@@ -128,10 +146,41 @@ impl PythonPlugin {
         None
     }
 
-    fn code_info(&mut self, pid: u32, code: u64) -> Option<Arc<CodeInfo>> {
-        if let Some(known) = self.codes.get(&(pid, code)) {
-            return known.clone();
+    /// The code object at `code`, read once and cached. `fresh` (at drain
+    /// time, while the process runs) re-reads an entry older than
+    /// [`REREAD_AFTER`], and drops the frames made from it if it changed.
+    fn code_info(&mut self, pid: u32, code: u64, fresh: bool) -> Option<Arc<CodeInfo>> {
+        let cached = self.codes.get(&(pid, code)).cloned();
+        if let Some(entry) = &cached
+            && !(fresh && entry.read_at.elapsed() >= REREAD_AFTER)
+        {
+            return entry.info.clone();
         }
+        let info = self.read_code_object(pid, code);
+        if let Some(entry) = cached
+            && entry.info != info
+        {
+            let stale: Vec<(u32, u64, u32)> = self
+                .frames
+                .iter()
+                .map(|(k, _)| *k)
+                .filter(|k| k.0 == pid && k.1 == code)
+                .collect();
+            for key in stale {
+                self.frames.pop(&key);
+            }
+        }
+        self.codes.put(
+            (pid, code),
+            CodeEntry {
+                read_at: Instant::now(),
+                info: info.clone(),
+            },
+        );
+        info
+    }
+
+    fn read_code_object(&mut self, pid: u32, code: u64) -> Option<Arc<CodeInfo>> {
         let instance = self.processes.get_mut(&pid)?;
         if instance.memory.is_none() {
             instance.memory = ProcessMemory::open(pid)
@@ -143,12 +192,10 @@ impl PythonPlugin {
             .binary
             .code_type
             .map(|t| t.wrapping_add(instance.bias));
-        let info = read_code(memory, instance.binary.layout, code, code_type)
+        read_code(memory, instance.binary.layout, code, code_type)
             .map_err(|e| debug!(pid, "python code object: {e}"))
             .ok()
-            .map(Arc::new);
-        self.codes.put((pid, code), info.clone());
-        info
+            .map(Arc::new)
     }
 
     fn frame(&mut self, pid: u32, code: u64, instr: u64) -> Arc<Frame> {
@@ -156,7 +203,7 @@ impl PythonPlugin {
         let Some(layout) = self.processes.get(&pid).map(|p| p.binary.layout) else {
             return unknown(code);
         };
-        let Some(info) = self.code_info(pid, code) else {
+        let Some(info) = self.code_info(pid, code, false) else {
             self.stats.frame_errors += 1;
             return unknown(code);
         };
@@ -342,7 +389,7 @@ impl InterpreterPlugin for PythonPlugin {
     fn observe(&mut self, pid: u32, words: &[u64]) {
         for group in invocations(words) {
             for (code, _) in group {
-                self.code_info(pid, code);
+                self.code_info(pid, code, true);
             }
         }
     }

@@ -72,9 +72,17 @@ fn interpreters() -> Vec<PathBuf> {
     found
 }
 
-/// Names of the frames the walk finds, innermost first, and how many
-/// interpreter-loop invocations they form.
-fn walk(python: &Path) -> (Vec<String>, usize, (u8, u8)) {
+/// A live fixture and the walk's words for its main thread.
+struct Walked {
+    child: Killed,
+    words: Vec<u64>,
+    names: Vec<String>,
+    invocations: usize,
+    version: (u8, u8),
+}
+
+/// Runs the fixture under `python` and walks its main thread.
+fn walk(python: &Path) -> Walked {
     let mut child = Command::new(python)
         .args(["-c", SCRIPT])
         .stdout(Stdio::piped())
@@ -131,7 +139,56 @@ fn walk(python: &Path) -> (Vec<String>, usize, (u8, u8)) {
         "{}: the walk's first word is not a tagged frame",
         python.display()
     );
-    (names, groups.len(), (layout.major, layout.minor))
+    Walked {
+        child,
+        words,
+        names,
+        invocations: groups.len(),
+        version: (layout.major, layout.minor),
+    }
+}
+
+/// Where code objects go in these tests: nowhere (no BPF here).
+struct NoMap;
+
+impl super::PythonProcessMap for NoMap {
+    fn insert(&mut self, _: u32, _: &PythonProcess) -> Result<(), String> {
+        Ok(())
+    }
+    fn remove(&mut self, _: u32) {}
+}
+
+#[test]
+fn an_old_code_entry_is_read_again_when_sampled_and_its_frames_renamed() {
+    use std::time::{Duration, Instant};
+
+    use super::{CodeEntry, PythonPlugin};
+    use crate::interpreters::InterpreterPlugin;
+
+    let python = interpreters().pop().expect("a CPython on this machine");
+    let walked = walk(&python);
+    let pid = walked.child.0.id();
+    let mut plugin = PythonPlugin::new(Box::new(NoMap));
+    let mappings = ProcessMappings::read(pid).unwrap();
+    assert!(plugin.attach(pid, &mappings).is_some());
+    let leaf = walked.words[0] & icecore_unwinders::interpreter::PAYLOAD_MASK;
+    // As if `leaf`'s address had held another code object a minute ago.
+    let mut stale = (*plugin.code_info(pid, leaf, false).unwrap()).clone();
+    stale.name = "replaced".into();
+    plugin.codes.put(
+        (pid, leaf),
+        CodeEntry {
+            read_at: Instant::now().checked_sub(Duration::from_secs(61)).unwrap(),
+            info: Some(std::sync::Arc::new(stale)),
+        },
+    );
+    let name = |plugin: &mut PythonPlugin| {
+        let frames = plugin.frames(pid, &walked.words);
+        frames[0][0].lines[0].function_name.to_string()
+    };
+    assert_eq!(name(&mut plugin), "replaced", "batch time never re-reads");
+    plugin.observe(pid, &walked.words);
+    assert_eq!(name(&mut plugin), "leaf", "a sample re-reads an old entry");
 }
 
 #[test]
@@ -139,7 +196,12 @@ fn the_bpf_walk_finds_each_versions_frames_in_a_live_process() {
     let found = interpreters();
     assert!(!found.is_empty(), "no CPython on this machine");
     for python in found {
-        let (names, invocations, version) = walk(&python);
+        let Walked {
+            names,
+            invocations,
+            version,
+            ..
+        } = walk(&python);
         println!(
             "{}: {names:?} in {invocations} invocation(s)",
             python.display()
