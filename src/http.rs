@@ -211,7 +211,7 @@ fn render(stats: &ProfilerStats) -> String {
         );
     }
     let native = &stats.native;
-    let scalars: [(&str, &str, &str, f64); 14] = [
+    let scalars: [(&str, &str, &str, f64); 15] = [
         (
             "icecore_samples_reported_total",
             "counter",
@@ -265,6 +265,12 @@ fn render(stats: &ProfilerStats) -> String {
             "gauge",
             "Bytes of unwind table rows in BPF maps.",
             native.table_bytes_installed as f64,
+        ),
+        (
+            "icecore_bpf_map_bytes",
+            "gauge",
+            "Kernel memory of icecore's BPF maps, inner maps included.",
+            stats.bpf_map_bytes as f64,
         ),
         (
             "icecore_processes_described",

@@ -3,6 +3,7 @@
 //! profile model of `icecore-otlp`.
 //!
 //! - [`sampler`]: BPF loading, perf events, the ring buffer and counters.
+//! - [`map_memory`]: kernel memory of the BPF maps.
 //! - [`record`]: decoding ring-buffer records.
 //! - [`processes`], [`process_maps`]: what is known of each sampled process.
 //! - [`symbolize`]: native (ELF) and kernel (kallsyms) symbolization.
@@ -14,6 +15,7 @@ pub mod clock;
 pub mod host;
 pub mod interpreters;
 pub mod kernel_btf;
+pub mod map_memory;
 pub mod native_unwind;
 pub mod process_maps;
 pub mod processes;

@@ -78,6 +78,8 @@ pub struct NativeUnwindStats {
     pub table_bytes_installed: usize,
     /// Processes with a mapping table in BPF now.
     pub processes_described: usize,
+    /// Kernel memory of the tables' and processes' inner maps now.
+    pub inner_map_bytes: u64,
     /// Executable mappings left out because a process had more than BPF holds.
     pub mappings_left_out: u64,
     /// Failed BPF map updates.
@@ -359,6 +361,7 @@ impl NativeUnwindInfo {
             tables_installed: self.maps.table_count(),
             table_bytes_installed: self.maps.installed_bytes(),
             processes_described: self.process_files.len(),
+            inner_map_bytes: self.maps.inner_map_bytes(),
             ..self.stats
         }
     }

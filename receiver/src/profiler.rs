@@ -78,6 +78,8 @@ pub struct ProfilerStats {
     pub processes_tracked: usize,
     /// The native unwinder's tables and process descriptions.
     pub native: NativeUnwindStats,
+    /// Kernel memory of all of icecore's BPF maps, inner maps included.
+    pub bpf_map_bytes: u64,
     /// Each interpreter plugin's counts, by name.
     pub interpreters: Vec<(&'static str, InterpreterStats)>,
 }
@@ -287,6 +289,9 @@ impl CpuProfiler {
     fn record_interval(&mut self, interval: IntervalStats, exited: usize) {
         let counters = self.sampler.counters().unwrap_or_default();
         let cost = self.sampler.cost().unwrap_or_default();
+        let held_map_bytes = crate::map_memory::held_map_bytes()
+            .map_err(|e| debug!("cannot read /proc/self/fdinfo: {e}"))
+            .ok();
         let Ok(mut stats) = self.stats.lock() else {
             return;
         };
@@ -315,6 +320,9 @@ impl CpuProfiler {
             .as_ref()
             .map(NativeUnwindInfo::stats)
             .unwrap_or_default();
+        if let Some(held) = held_map_bytes {
+            stats.bpf_map_bytes = held + stats.native.inner_map_bytes;
+        }
         debug!(
             samples = interval.samples,
             stacks = interval.stacks,

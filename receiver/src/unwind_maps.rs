@@ -9,7 +9,8 @@ use std::{
     os::fd::{AsFd, AsRawFd},
 };
 
-use aya::maps::{Array, ArrayOfMaps, HashMap, Map, MapData, MapError};
+use crate::map_memory::map_memlock;
+use aya::maps::{Array, ArrayOfMaps, HashMap, IterableMap, Map, MapData, MapError};
 use icecore_unwinders::native::{ProcessMappingTable, UnwindChunk, UnwindRow, chunks::to_chunks};
 
 /// The flags every unwind table must have: the kernel only accepts inner maps
@@ -68,6 +69,8 @@ pub struct UnwindMapSet {
 struct Installed {
     slot: u32,
     bytes: usize,
+    /// Kernel memory of its inner map (`memlock`).
+    memlock: u64,
 }
 
 /// Owner of the unwinder's maps.
@@ -87,6 +90,11 @@ pub struct UnwindMaps {
     /// Unused slots of `UNWIND_TABLES`, lowest last.
     free_slots: Vec<u32>,
     installed_bytes: usize,
+    /// Kernel memory of the installed tables' inner maps.
+    tables_memlock: u64,
+    /// Kernel memory of one process's inner map (all have the same size);
+    /// 0 until the first is created.
+    process_memlock: u64,
 }
 
 impl UnwindMaps {
@@ -121,6 +129,8 @@ impl UnwindMaps {
             tables_fd,
             free_slots,
             installed_bytes: 0,
+            tables_memlock: 0,
+            process_memlock: 0,
         })
     }
 
@@ -154,6 +164,7 @@ impl UnwindMaps {
             }
         })?;
         write_through_mmap(&inner, &chunks)?;
+        let memlock = map_memlock(inner.fd().as_fd()).unwrap_or(0);
         self.tables
             .set(slot, &inner, 0)
             .map_err(|source| UnwindMapError::Update {
@@ -163,8 +174,16 @@ impl UnwindMaps {
         // The outer map now holds the kernel's reference; `inner` may close.
         self.free_slots.pop();
         let bytes = std::mem::size_of_val(chunks.as_slice());
-        self.installed.insert(file_id, Installed { slot, bytes });
+        self.installed.insert(
+            file_id,
+            Installed {
+                slot,
+                bytes,
+                memlock,
+            },
+        );
         self.installed_bytes += bytes;
+        self.tables_memlock += memlock;
         Ok(slot)
     }
 
@@ -180,6 +199,7 @@ impl UnwindMaps {
     pub fn remove_table(&mut self, file_id: u64) {
         if let Some(installed) = self.installed.remove(&file_id) {
             self.installed_bytes -= installed.bytes;
+            self.tables_memlock -= installed.memlock;
             if let Err(e) = delete_element(self.tables_fd(), installed.slot) {
                 // The slot still points at the old table: leave it out of use.
                 tracing::warn!(
@@ -206,6 +226,12 @@ impl UnwindMaps {
         self.installed_bytes
     }
 
+    /// Kernel memory of the inner maps (tables and process mapping tables),
+    /// which no descriptor of this process holds once installed.
+    pub fn inner_map_bytes(&self) -> u64 {
+        self.tables_memlock + self.process_slots.len() as u64 * self.process_memlock
+    }
+
     /// Tables installed.
     pub fn table_count(&self) -> usize {
         self.installed.len()
@@ -226,6 +252,9 @@ impl UnwindMaps {
         let mut inner = Array::<MapData, ProcessMappingTable>::create(1, 0)
             .map_err(update("PROCESS_MAPPINGS"))?;
         inner.set(0, table, 0).map_err(update("PROCESS_MAPPINGS"))?;
+        if self.process_memlock == 0 {
+            self.process_memlock = map_memlock(inner.map().fd().as_fd()).unwrap_or(0);
+        }
         if let Some(&slot) = self.process_slots.get(&pid) {
             return self
                 .processes
