@@ -9,7 +9,7 @@ mod pull;
 mod shutdown;
 mod sinks;
 
-use std::process::ExitCode;
+use std::{io::IsTerminal, process::ExitCode};
 
 use anyhow::Context;
 use icecore_config::{Config, ConfigError};
@@ -35,6 +35,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: journald and log files get plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
