@@ -33,6 +33,9 @@ use crate::{
 
 /// How often the ring buffer is drained when BPF does not force a wakeup.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// How often `/metrics` sees fresh BPF counters and cost (a counter read is
+/// one syscall per counter, so not on every drain).
+const STATS_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Settings of the eBPF CPU profiler.
 #[derive(Debug, Clone)]
@@ -99,6 +102,8 @@ pub struct CpuProfiler {
     window_start: u64,
     stats: Arc<Mutex<ProfilerStats>>,
     reporter_interval: Duration,
+    /// Samples lost in BPF (ring full, failed tail calls) at the last refresh.
+    lost_in_bpf: u64,
 }
 
 /// A duplicate of the ring buffer's fd, owned by the reactor registration.
@@ -163,6 +168,7 @@ impl CpuProfiler {
             window_start: MonotonicToUnix::unix_now(),
             stats: Arc::default(),
             reporter_interval: options.reporter_interval,
+            lost_in_bpf: 0,
         })
     }
 
@@ -287,20 +293,9 @@ impl CpuProfiler {
     }
 
     fn record_interval(&mut self, interval: IntervalStats, exited: usize) {
-        let counters = self.sampler.counters().unwrap_or_default();
-        let cost = self.sampler.cost().unwrap_or_default();
-        let held_map_bytes = crate::map_memory::held_map_bytes()
-            .map_err(|e| debug!("cannot read /proc/self/fdinfo: {e}"))
-            .ok();
-        let Ok(mut stats) = self.stats.lock() else {
-            return;
-        };
-        let lost = |c: &CounterValues| {
-            c.get(Counter::RingBufferFull)
-                + c.get(Counter::TailCallFailed)
-                + c.get(Counter::ScratchUnavailable)
-        };
-        let newly_lost = lost(&counters).saturating_sub(lost(&stats.counters));
+        let lost_before = self.lost_in_bpf;
+        self.refresh_stats(true);
+        let newly_lost = self.lost_in_bpf.saturating_sub(lost_before);
         if newly_lost > 0 || interval.dropped > 0 {
             warn!(
                 lost_in_bpf = newly_lost,
@@ -308,21 +303,14 @@ impl CpuProfiler {
                 "samples lost this interval; see the BPF counters"
             );
         }
-        stats.counters = counters;
-        stats.bpf_cost = cost;
+        let Ok(mut stats) = self.stats.lock() else {
+            return;
+        };
         stats.samples_reported += interval.samples as u64;
         stats.samples_dropped += interval.dropped;
         stats.batches += 1;
-        stats.processes_tracked = self.processes.len();
-        stats.interpreters = self.interpreters.stats();
-        stats.native = self
-            .native
-            .as_ref()
-            .map(NativeUnwindInfo::stats)
-            .unwrap_or_default();
-        if let Some(held) = held_map_bytes {
-            stats.bpf_map_bytes = held + stats.native.inner_map_bytes;
-        }
+        let cost = stats.bpf_cost;
+        drop(stats);
         debug!(
             samples = interval.samples,
             stacks = interval.stacks,
@@ -331,6 +319,41 @@ impl CpuProfiler {
             bpf_ns_per_sample = cost.run_time_ns.checked_div(cost.run_count).unwrap_or(0),
             "interval"
         );
+    }
+
+    /// Brings the shared totals up to date: the BPF counters and cost, the
+    /// unwinders' state and, `with_map_memory`, the BPF maps' memory (which
+    /// reads every descriptor's fdinfo, so only once per batch).
+    fn refresh_stats(&mut self, with_map_memory: bool) {
+        let counters = self.sampler.counters().unwrap_or_default();
+        let cost = self.sampler.cost().unwrap_or_default();
+        self.lost_in_bpf = counters.get(Counter::RingBufferFull)
+            + counters.get(Counter::TailCallFailed)
+            + counters.get(Counter::ScratchUnavailable);
+        let held_map_bytes = if with_map_memory {
+            crate::map_memory::held_map_bytes()
+                .map_err(|e| debug!("cannot read /proc/self/fdinfo: {e}"))
+                .ok()
+        } else {
+            None
+        };
+        let interpreters = self.interpreters.stats();
+        let native = self
+            .native
+            .as_ref()
+            .map(NativeUnwindInfo::stats)
+            .unwrap_or_default();
+        let Ok(mut stats) = self.stats.lock() else {
+            return;
+        };
+        stats.counters = counters;
+        stats.bpf_cost = cost;
+        stats.processes_tracked = self.processes.len();
+        stats.interpreters = interpreters;
+        stats.native = native;
+        if let Some(held) = held_map_bytes {
+            stats.bpf_map_bytes = held + stats.native.inner_map_bytes;
+        }
     }
 
     /// Runs until `shutdown` completes: batches go to `batches` every
@@ -352,11 +375,14 @@ impl CpuProfiler {
         let start = tokio::time::Instant::now() + self.reporter_interval;
         let mut report = tokio::time::interval_at(start, self.reporter_interval);
         report.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut refresh = tokio::time::interval(STATS_REFRESH_INTERVAL);
+        refresh.set_missed_tick_behavior(MissedTickBehavior::Delay);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = poll.tick() => { self.drain(); }
+                _ = refresh.tick() => self.refresh_stats(false),
                 ready = wait_readable(ring.as_ref()) => {
                     self.drain();
                     if let Some(mut guard) = ready {
