@@ -104,30 +104,30 @@ impl BuiltTable {
     }
 }
 
-/// Reads `path` and builds its table.
+/// Builds the table of the file at `path`, reading only its headers and the
+/// sections the table comes from: a binary's debug information, often most
+/// of its size, is never read.
 pub fn build_table(path: &Path) -> Result<BuiltTable, TableBuildError> {
     let name = || path.display().to_string();
-    let size = std::fs::metadata(path)
-        .map_err(|source| TableBuildError::Read {
-            path: name(),
-            source,
-        })?
-        .len();
+    let read_error = |source| TableBuildError::Read {
+        path: name(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let size = file.metadata().map_err(read_error)?.len();
     if size > MAX_FILE_BYTES {
         return Err(TableBuildError::TooLarge { path: name(), size });
     }
-    let data = std::fs::read(path).map_err(|source| TableBuildError::Read {
-        path: name(),
-        source,
-    })?;
-    table_of_elf(&data, name)
+    let file_id = FileId::from_file(&file).map_err(read_error)?;
+    table_of_elf(&object::ReadCache::new(&file), file_id, name)
 }
 
 /// The table of this kernel's vDSO, which every 64-bit process maps: built
 /// once from icecore's own copy. `None` without a readable vDSO.
 pub fn vdso_table() -> Option<BuiltTable> {
     let vdso = crate::symbolize::vdso::own()?;
-    match table_of_elf(&vdso.image, || "[vdso]".to_string()) {
+    let file_id = FileId::from_bytes(&vdso.image);
+    match table_of_elf(vdso.image.as_slice(), file_id, || "[vdso]".to_string()) {
         Ok(table) => Some(table),
         Err(e) => {
             tracing::warn!("vDSO frames will use frame pointers: {e}");
@@ -136,7 +136,11 @@ pub fn vdso_table() -> Option<BuiltTable> {
     }
 }
 
-fn table_of_elf(data: &[u8], name: impl Fn() -> String) -> Result<BuiltTable, TableBuildError> {
+fn table_of_elf<'data, R: object::ReadRef<'data>>(
+    data: R,
+    file_id: FileId,
+    name: impl Fn() -> String,
+) -> Result<BuiltTable, TableBuildError> {
     let file = object::File::parse(data).map_err(|e| TableBuildError::NotElf {
         path: name(),
         message: e.to_string(),
@@ -157,7 +161,7 @@ fn table_of_elf(data: &[u8], name: impl Fn() -> String) -> Result<BuiltTable, Ta
             })
         })
         .collect();
-    let table = UnwindTable::from_elf(data).map_err(|source| TableBuildError::Table {
+    let table = UnwindTable::from_elf_reader(data).map_err(|source| TableBuildError::Table {
         path: name(),
         source,
     })?;
@@ -165,7 +169,7 @@ fn table_of_elf(data: &[u8], name: impl Fn() -> String) -> Result<BuiltTable, Ta
         return Err(TableBuildError::Empty(name()));
     }
     Ok(BuiltTable {
-        file_id: FileId::from_bytes(data).0,
+        file_id: file_id.0,
         rows: table.rows().to_vec(),
         segments,
     })

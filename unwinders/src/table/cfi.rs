@@ -154,8 +154,10 @@ impl Collector {
     }
 }
 
-/// Builds the table of an ELF file (see the module documentation).
-pub(super) fn build(data: &[u8]) -> Result<UnwindTable, TableError> {
+/// Builds the table of an ELF file (see the module documentation). `data`
+/// is the file in memory, or a `ReadCache` over it that reads only the
+/// sections used.
+pub(super) fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<UnwindTable, TableError> {
     let file = object::File::parse(data)?;
     if file.architecture() != Architecture::X86_64 {
         return Err(TableError::UnsupportedArchitecture);

@@ -127,6 +127,14 @@ impl UnwindTable {
         cfi::build(data)
     }
 
+    /// Builds the table of an ELF file read through `data`: given an
+    /// `object::ReadCache` over the file, only the headers and the sections
+    /// the table comes from are read (a binary's debug information, often
+    /// most of its size, never is).
+    pub fn from_elf_reader<'data, R: object::ReadRef<'data>>(data: R) -> Result<Self, TableError> {
+        cfi::build(data)
+    }
+
     /// A table from rows already built (a cache, a test), checked to be
     /// sorted by `pc` and within [`MAX_TABLE_ROWS`].
     pub fn from_rows(rows: Vec<UnwindRow>) -> Result<Self, TableError> {

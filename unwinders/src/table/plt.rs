@@ -124,8 +124,8 @@ fn push_end(entry: &[u8]) -> Option<u8> {
 
 /// Adds a segment for each PLT section; overlaps with FDEs are resolved later
 /// (FDEs win).
-pub(super) fn synthesize(
-    file: &object::File<'_>,
+pub(super) fn synthesize<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
     collector: &mut Collector,
 ) -> Result<(), TableError> {
     for name in [".plt", ".plt.got", ".plt.sec"] {
