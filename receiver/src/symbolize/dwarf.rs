@@ -17,7 +17,27 @@ use super::elf::ElfSymbols;
 use super::sections::{SectionError, SectionFile};
 
 /// The reader `addr2line` works on: shared, owned section bytes.
-type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
+type Reader = gimli::EndianReader<gimli::RunTimeEndian, SectionBytes>;
+
+/// A section's bytes, shared by the readers that point into it. Keeping the
+/// `Vec` the section was read into (rather than `Arc<[u8]>`, which copies it)
+/// means a section is in memory once, even while it loads.
+#[derive(Debug, Clone)]
+struct SectionBytes(Arc<Vec<u8>>);
+
+impl std::ops::Deref for SectionBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+// SAFETY: the bytes live in the Vec's heap buffer, which the Arc shares
+// immutably: it never moves or changes while any clone exists (as for
+// `Arc<[u8]>`, which gimli implements these for).
+unsafe impl gimli::StableDeref for SectionBytes {}
+// SAFETY: clones share the same buffer, see above.
+unsafe impl gimli::CloneStableDeref for SectionBytes {}
 
 /// Inline frames reported for one address at most.
 pub const MAX_INLINE_DEPTH: usize = 64;
@@ -103,7 +123,7 @@ impl DwarfInfo {
         budget: u64,
     ) -> Result<Self, DwarfError> {
         let mut file = SectionFile::open(path, max_file_size, budget)?;
-        let (mut dwarf, line_bytes, info_bytes) = load_dwarf(&mut file)?;
+        let (mut dwarf, line_bytes, info_bytes) = load_dwarf(&mut file, budget)?;
         if info_bytes == 0 {
             return Err(DwarfError::Absent {
                 path: file.path().to_owned(),
@@ -113,15 +133,11 @@ impl DwarfInfo {
         if let Some(sup) = sup {
             let remaining = budget.saturating_sub(used);
             let mut sup_file = SectionFile::open(sup, max_file_size, remaining)?;
-            let (sup_dwarf, _, _) = load_dwarf(&mut sup_file)?;
+            let (sup_dwarf, _, _) = load_dwarf(&mut sup_file, remaining)?;
             used = used.saturating_add(sup_file.used());
             dwarf.set_sup(sup_dwarf);
         }
-        // Fully parsed, line rows take about 8 times their encoding and function
-        // trees about twice the DIEs; both are built lazily, so this is an upper bound.
-        let cost = used
-            .saturating_add(line_bytes.saturating_mul(8))
-            .saturating_add(info_bytes.saturating_mul(2));
+        let cost = estimated_cost(used, line_bytes, info_bytes);
         let symbols = separate.then(|| ElfSymbols::load_with_limit(path, max_file_size).ok());
         let symbols = symbols.flatten();
         let cost = cost.saturating_add(symbols.as_ref().map_or(0, |s| s.heap_size() as u64));
@@ -183,9 +199,22 @@ impl DwarfInfo {
     }
 }
 
+/// What DWARF costs in memory once fully parsed: its sections, plus line rows
+/// (about 8 times their encoding) and function trees (about twice the DIEs);
+/// both are built lazily, so this is an upper bound.
+fn estimated_cost(section_bytes: u64, line_bytes: u64, info_bytes: u64) -> u64 {
+    section_bytes
+        .saturating_add(line_bytes.saturating_mul(8))
+        .saturating_add(info_bytes.saturating_mul(2))
+}
+
 /// Reads the wanted sections; returns the DWARF and the sizes of `.debug_line`
-/// and `.debug_info`.
-fn load_dwarf(file: &mut SectionFile) -> Result<(gimli::Dwarf<Reader>, u64, u64), DwarfError> {
+/// and `.debug_info`. DWARF whose estimated cost exceeds `budget` is refused
+/// from the section headers, before anything is read.
+fn load_dwarf(
+    file: &mut SectionFile,
+    budget: u64,
+) -> Result<(gimli::Dwarf<Reader>, u64, u64), DwarfError> {
     let (endian, ranges) = {
         let object = file.object()?;
         let endian = if object.is_little_endian() {
@@ -204,7 +233,29 @@ fn load_dwarf(file: &mut SectionFile) -> Result<(gimli::Dwarf<Reader>, u64, u64)
         }
         (endian, ranges)
     };
-    let mut loaded: Vec<(SectionId, Arc<[u8]>)> = Vec::with_capacity(ranges.len());
+    let size_of = |wanted: SectionId| {
+        ranges
+            .iter()
+            .filter(|(id, _)| *id == wanted)
+            .map(|(_, r)| r.uncompressed_size)
+            .sum::<u64>()
+    };
+    let total = ranges
+        .iter()
+        .fold(0u64, |sum, (_, r)| sum.saturating_add(r.uncompressed_size));
+    if estimated_cost(
+        total,
+        size_of(SectionId::DebugLine),
+        size_of(SectionId::DebugInfo),
+    ) > budget
+    {
+        return Err(SectionError::TooLarge {
+            path: file.path().to_owned(),
+            limit: budget,
+        }
+        .into());
+    }
+    let mut loaded: Vec<(SectionId, SectionBytes)> = Vec::with_capacity(ranges.len());
     let (mut line_bytes, mut info_bytes) = (0, 0);
     for (id, range) in ranges {
         let data = file.read(range)?;
@@ -213,15 +264,15 @@ fn load_dwarf(file: &mut SectionFile) -> Result<(gimli::Dwarf<Reader>, u64, u64)
             SectionId::DebugInfo => info_bytes = data.len() as u64,
             _ => {}
         }
-        loaded.push((id, Arc::from(data)));
+        loaded.push((id, SectionBytes(Arc::new(data))));
     }
-    let empty: Arc<[u8]> = Arc::from(Vec::new());
+    let empty = SectionBytes(Arc::new(Vec::new()));
     let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
         let data = loaded
             .iter()
             .find(|(loaded_id, _)| *loaded_id == id)
-            .map_or_else(|| Arc::clone(&empty), |(_, data)| Arc::clone(data));
-        Ok(gimli::EndianArcSlice::new(data, endian))
+            .map_or_else(|| empty.clone(), |(_, data)| data.clone());
+        Ok(gimli::EndianReader::new(data, endian))
     })
     .map_err(|source| DwarfError::Malformed {
         path: file.path().to_owned(),

@@ -82,7 +82,7 @@ impl Default for SymbolizerLimits {
             max_file_size: elf::DEFAULT_MAX_FILE_SIZE,
             retry_unreachable_after: Duration::from_secs(30),
             max_debug_files: 32,
-            max_debug_bytes: 512 << 20,
+            max_debug_bytes: 64 << 20,
             max_source_files: 16384,
         }
     }
