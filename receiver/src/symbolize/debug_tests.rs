@@ -263,9 +263,31 @@ fn debug_budget_evicts_and_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let (a, address_a) = inline_program(dir.path(), "a");
     let (b, address_b) = inline_program(dir.path(), "b");
+    // Room for one file, and `a` in use: `b` waits with its symbol table's
+    // names instead of evicting `a` (which would thrash: each would reload
+    // the other at its next frame).
     let limits = SymbolizerLimits {
         max_debug_files: 1,
         max_frames: 1,
+        ..SymbolizerLimits::default()
+    };
+    let mut symbolizer = Symbolizer::new(limits);
+    for _ in 0..2 {
+        let frame = symbolize_vaddr(&mut symbolizer, &a, address_a);
+        assert_inline_chain(&frame, "a.c");
+        let frame = symbolize_vaddr(&mut symbolizer, &b, address_b);
+        let names: Vec<&str> = frame.lines.iter().map(|l| &*l.function_name).collect();
+        assert_eq!(names, ["outer"], "{frame:#?}");
+    }
+    let stats = symbolizer.stats();
+    assert_eq!((stats.dwarf_loaded, stats.debug_evictions), (1, 0));
+    assert_eq!(stats.debug_files, 1);
+
+    // Nothing counts as in use: the least recently used file makes room.
+    let limits = SymbolizerLimits {
+        max_debug_files: 1,
+        max_frames: 1,
+        debug_in_use: Duration::ZERO,
         ..SymbolizerLimits::default()
     };
     let mut symbolizer = Symbolizer::new(limits);

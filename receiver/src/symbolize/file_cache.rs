@@ -8,7 +8,7 @@ use icecore_otlp::model::Line;
 
 use super::debug::{self, DebugInfo, RawFrame};
 use super::elf::{ElfError, ElfSymbols};
-use super::{CachedFile, DebugState, FileKey, LoadedFile, Symbolizer, make_line, vdso};
+use super::{CachedFile, DebugEntry, DebugState, FileKey, LoadedFile, Symbolizer, make_line, vdso};
 use crate::process_maps::MappedFile;
 
 impl Symbolizer {
@@ -46,7 +46,9 @@ impl Symbolizer {
         };
         let (frames, fallback) = match found {
             Some(Ok(Ok(found))) => {
-                self.debug_files.promote(&key);
+                if let Some(entry) = self.debug_files.get_mut(&key) {
+                    entry.last_used = Instant::now();
+                }
                 found
             }
             Some(Ok(Err(error))) => {
@@ -179,9 +181,9 @@ impl Symbolizer {
         };
         // The evicted file (or the one replaced) takes its debug information along.
         if let Some((old_key, CachedFile::Loaded(_))) = self.files.push(key, cached)
-            && let Some(cost) = self.debug_files.pop(&old_key)
+            && let Some(entry) = self.debug_files.pop(&old_key)
         {
-            self.debug_bytes = self.debug_bytes.saturating_sub(cost);
+            self.debug_bytes = self.debug_bytes.saturating_sub(entry.cost);
         }
         result
     }
@@ -196,7 +198,26 @@ impl Symbolizer {
             },
             _ => return,
         };
-        let limit = self.limits.max_debug_bytes;
+        // Only what has not been used for a while may make room.
+        let now = Instant::now();
+        let window = self.limits.debug_in_use;
+        if self.debug_files.len() >= self.limits.max_debug_files.max(1)
+            && self
+                .debug_files
+                .peek_lru()
+                .is_some_and(|(_, e)| now.duration_since(e.last_used) < window)
+        {
+            self.set_debug(key, DebugState::Retry(now + window));
+            return;
+        }
+        let in_use: u64 = self
+            .debug_files
+            .iter()
+            .filter(|(_, e)| now.duration_since(e.last_used) < window)
+            .map(|(_, e)| e.cost)
+            .sum();
+        let limit = self.limits.max_debug_bytes.saturating_sub(in_use);
+        let crowded_out = limit < self.limits.max_debug_bytes;
         let max_file_size = self.limits.max_file_size;
         // The parsers are meant never to panic on hostile input; should one, the
         // file is symbolized without debug information instead of the task dying.
@@ -217,11 +238,20 @@ impl Symbolizer {
                 }
                 self.stats.separate_debug_files += u64::from(outcome.separate);
                 let cost = info.cost();
-                self.make_room(cost);
-                self.debug_files.put(key.clone(), cost);
-                self.debug_bytes = self.debug_bytes.saturating_add(cost);
-                DebugState::Loaded(Box::new(info))
+                if self.make_room(cost) {
+                    let entry = DebugEntry {
+                        cost,
+                        last_used: now,
+                    };
+                    self.debug_files.put(key.clone(), entry);
+                    self.debug_bytes = self.debug_bytes.saturating_add(cost);
+                    DebugState::Loaded(Box::new(info))
+                } else {
+                    DebugState::Retry(now + window)
+                }
             }
+            // Refused for the room others use now: it may fit later.
+            None if outcome.rejected > 0 && crowded_out => DebugState::Retry(now + window),
             None if outcome.unreachable => {
                 DebugState::Retry(Instant::now() + self.limits.retry_unreachable_after)
             }
@@ -230,30 +260,39 @@ impl Symbolizer {
         self.set_debug(key, state);
     }
 
-    /// Drops least recently used debug information until `cost` more fits.
-    fn make_room(&mut self, cost: u64) {
+    /// Drops least recently used debug information, if unused for
+    /// `debug_in_use`, until `cost` more fits; false when it cannot.
+    fn make_room(&mut self, cost: u64) -> bool {
         let max_files = self.limits.max_debug_files.max(1);
         while self.debug_files.len() >= max_files
             || (!self.debug_files.is_empty()
                 && self.debug_bytes.saturating_add(cost) > self.limits.max_debug_bytes)
         {
-            let Some((old, old_cost)) = self.debug_files.pop_lru() else {
+            let in_use = self
+                .debug_files
+                .peek_lru()
+                .is_none_or(|(_, e)| e.last_used.elapsed() < self.limits.debug_in_use);
+            if in_use {
+                return false;
+            }
+            let Some((old, old_entry)) = self.debug_files.pop_lru() else {
                 break;
             };
-            self.debug_bytes = self.debug_bytes.saturating_sub(old_cost);
+            self.debug_bytes = self.debug_bytes.saturating_sub(old_entry.cost);
             self.stats.debug_evictions += 1;
             if let Some(CachedFile::Loaded(file)) = self.files.peek_mut(&old) {
                 file.debug = DebugState::NotLoaded;
             }
         }
+        self.debug_bytes.saturating_add(cost) <= self.limits.max_debug_bytes
     }
 
     /// Sets a cached file's debug state, keeping the byte count right.
     fn set_debug(&mut self, key: &FileKey, state: DebugState) {
         if !matches!(state, DebugState::Loaded(_))
-            && let Some(cost) = self.debug_files.pop(key)
+            && let Some(entry) = self.debug_files.pop(key)
         {
-            self.debug_bytes = self.debug_bytes.saturating_sub(cost);
+            self.debug_bytes = self.debug_bytes.saturating_sub(entry.cost);
         }
         if let Some(CachedFile::Loaded(file)) = self.files.peek_mut(key) {
             file.debug = state;

@@ -68,6 +68,12 @@ pub struct SymbolizerLimits {
     /// (section data plus what parsing it fully would build); a file needing
     /// more is symbolized from its symbol tables only.
     pub max_debug_bytes: u64,
+    /// Debug information used within this long is never evicted for another
+    /// file's: the newcomer waits (symbolized from its symbol tables) and is
+    /// tried again after as long. Evicting what current batches use would
+    /// reload it, and decompress it, at the next of its frames: two files
+    /// that do not fit together would thrash.
+    pub debug_in_use: Duration,
     /// Source file names kept for sharing between frames.
     pub max_source_files: usize,
 }
@@ -83,6 +89,7 @@ impl Default for SymbolizerLimits {
             retry_unreachable_after: Duration::from_secs(30),
             max_debug_files: 32,
             max_debug_bytes: 64 << 20,
+            debug_in_use: Duration::from_secs(60),
             max_source_files: 16384,
         }
     }
@@ -212,12 +219,20 @@ pub struct Symbolizer {
     names: LruCache<Box<str>, Line>,
     /// Source file names, shared between frames.
     source_files: LruCache<Box<str>, Arc<str>>,
-    /// Files with debug information loaded, least recently used first, with its
-    /// estimated cost.
-    debug_files: LruCache<FileKey, u64>,
+    /// Files with debug information loaded, least recently used first.
+    debug_files: LruCache<FileKey, DebugEntry>,
     debug_bytes: u64,
     kernel: KernelState,
     stats: SymbolizerStats,
+}
+
+/// A file's loaded debug information, as the budget sees it.
+#[derive(Debug, Clone, Copy)]
+struct DebugEntry {
+    /// Estimated bytes held.
+    cost: u64,
+    /// When a look-up last used it.
+    last_used: std::time::Instant,
 }
 
 fn bound(n: usize) -> NonZeroUsize {
