@@ -73,7 +73,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         frequency_hz: config.sampling_frequency_hz,
         pids: config.pids.clone(),
     };
-    let options = ProfilerOptions::new(sampler, config.reporter_interval);
+    let mut options = ProfilerOptions::new(sampler, config.reporter_interval);
+    options.symbolizer.max_debug_bytes = config.debug_info_memory_bytes;
     let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;
     let mut receiver_stats = None;
     let received = match config.otlp_listen {

@@ -86,6 +86,10 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "DURATION")]
     reporter_interval: Option<String>,
 
+    /// Memory for the DWARF (line tables, inlined functions) of profiled binaries, like 64MiB; a binary needing more is symbolized from its symbol tables, and 0 turns DWARF off [default: 64MiB]
+    #[arg(long, value_name = "SIZE")]
+    debug_info_memory: Option<String>,
+
     /// Stop after this long (like 30s or 5m), flush and exit 0 [default: run until stopped]
     #[arg(long, value_name = "DURATION")]
     duration: Option<String>,
@@ -226,6 +230,11 @@ impl Cli {
             self.reporter_interval.as_deref(),
             validate::reporter_interval,
         )?;
+        let debug_info_memory_bytes = check(
+            "debug-info-memory",
+            self.debug_info_memory.as_deref(),
+            validate::memory_size,
+        )?;
         let duration = check("duration", self.duration.as_deref(), validate::run_duration)?;
         let pids = if self.pids.is_empty() {
             None
@@ -262,6 +271,7 @@ impl Cli {
             pprof_dir,
             sampling_frequency_hz,
             reporter_interval,
+            debug_info_memory_bytes,
             duration,
             pids,
             http_address,

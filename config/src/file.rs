@@ -13,7 +13,7 @@ const EXPECTED_RESOURCE_MAPPING: &str =
 use crate::{ConfigError, Settings};
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 22] = [
+pub const KEYS: [&str; 23] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -32,6 +32,7 @@ pub const KEYS: [&str; 22] = [
     "pprof_dir",
     "sampling_frequency",
     "reporter_interval",
+    "debug_info_memory",
     "duration",
     "pids",
     "http_address",
@@ -118,6 +119,11 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
             validate::sampling_frequency_number,
         )?,
         reporter_interval: reader.string("reporter_interval", validate::reporter_interval)?,
+        debug_info_memory_bytes: reader.integer(
+            "debug_info_memory",
+            validate::memory_size,
+            validate::memory_size_number,
+        )?,
         duration: reader.string("duration", validate::run_duration)?,
         pids: reader.pids()?,
         http_address: reader.string("http_address", validate::http_address)?,

@@ -46,6 +46,8 @@ pub const DEFAULT_PPROF_DIR: &str = "/var/lib/icecore/pprof";
 pub const DEFAULT_SAMPLING_FREQUENCY_HZ: u32 = 19;
 /// The default period between exports.
 pub const DEFAULT_REPORTER_INTERVAL: Duration = Duration::from_secs(10);
+/// Default memory for the DWARF of profiled binaries (64 MiB).
+pub const DEFAULT_DEBUG_INFO_MEMORY: u64 = 64 << 20;
 /// The default address of the HTTP server.
 pub const DEFAULT_HTTP_ADDRESS: SocketAddr =
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 7071);
@@ -97,6 +99,9 @@ pub struct Config {
     pub sampling_frequency_hz: u32,
     /// The period between exports, from 1s to 1h.
     pub reporter_interval: Duration,
+    /// Bytes the DWARF of profiled binaries may take in memory, parsed; a
+    /// file needing more is symbolized from its symbol tables. 0: no DWARF.
+    pub debug_info_memory_bytes: u64,
     /// How long to run before flushing and exiting; `None` runs until stopped.
     pub duration: Option<Duration>,
     /// The processes to profile; empty profiles every process on the host.
@@ -217,6 +222,7 @@ pub(crate) struct Settings {
     pub pprof_dir: Option<PathBuf>,
     pub sampling_frequency_hz: Option<u32>,
     pub reporter_interval: Option<Duration>,
+    pub debug_info_memory_bytes: Option<u64>,
     pub duration: Option<Duration>,
     pub pids: Option<Vec<u32>>,
     pub http_address: Option<SocketAddr>,
@@ -251,6 +257,9 @@ impl Settings {
             pprof_dir: self.pprof_dir.or(lower.pprof_dir),
             sampling_frequency_hz: self.sampling_frequency_hz.or(lower.sampling_frequency_hz),
             reporter_interval: self.reporter_interval.or(lower.reporter_interval),
+            debug_info_memory_bytes: self
+                .debug_info_memory_bytes
+                .or(lower.debug_info_memory_bytes),
             duration: self.duration.or(lower.duration),
             pids: self.pids.or(lower.pids),
             http_address: self.http_address.or(lower.http_address),
@@ -291,6 +300,9 @@ impl Settings {
                 .sampling_frequency_hz
                 .unwrap_or(DEFAULT_SAMPLING_FREQUENCY_HZ),
             reporter_interval: self.reporter_interval.unwrap_or(DEFAULT_REPORTER_INTERVAL),
+            debug_info_memory_bytes: self
+                .debug_info_memory_bytes
+                .unwrap_or(DEFAULT_DEBUG_INFO_MEMORY),
             duration: self.duration,
             pids: self.pids.unwrap_or_default(),
             http_address: self.http_address.unwrap_or(DEFAULT_HTTP_ADDRESS),

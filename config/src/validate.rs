@@ -18,6 +18,8 @@ pub const MAX_SAMPLING_FREQUENCY_HZ: u32 = 10_000;
 pub const MIN_REPORTER_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest accepted reporter interval.
 pub const MAX_REPORTER_INTERVAL: Duration = Duration::from_secs(3600);
+/// The largest accepted debug-information memory budget (16 GiB).
+pub const MAX_DEBUG_INFO_MEMORY: u64 = 16 << 30;
 /// The highest accepted process ID (`pid_t` is a signed 32-bit integer).
 const MAX_PID: u64 = i32::MAX as u64;
 
@@ -29,6 +31,8 @@ pub(crate) const EXPECTED_SAMPLING_FREQUENCY: &str =
 pub(crate) const EXPECTED_REPORTER_INTERVAL: &str =
     "a duration from 1s to 1h, like 10s, 1m30s or 5m";
 pub(crate) const EXPECTED_DURATION: &str = "a duration greater than zero, like 30s, 5m or 1h30m";
+pub(crate) const EXPECTED_MEMORY_SIZE: &str =
+    "a size in bytes up to 16GiB, like 64MiB, 512KiB or 0 (a plain number is bytes)";
 pub(crate) const EXPECTED_PID: &str = "a process ID, an integer from 1 to 2147483647";
 pub(crate) const EXPECTED_PIDS: &str =
     "a list of process IDs, integers from 1 to 2147483647, like [1234, 5678]";
@@ -207,6 +211,47 @@ pub(crate) fn reporter_interval(text: &str) -> Result<Duration, Invalid> {
     Ok(interval)
 }
 
+/// Parses a memory size: a whole number with an optional binary unit (B,
+/// KiB, MiB, GiB; K, M and G mean the same), at most
+/// [`MAX_DEBUG_INFO_MEMORY`].
+pub(crate) fn memory_size(text: &str) -> Result<u64, Invalid> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        other => {
+            return Err(Invalid::because(
+                EXPECTED_MEMORY_SIZE,
+                format!("unknown unit {other:?}"),
+            ));
+        }
+    };
+    let number: u64 = number
+        .parse()
+        .map_err(|_| Invalid::new(EXPECTED_MEMORY_SIZE))?;
+    let bytes = number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| Invalid::because(EXPECTED_MEMORY_SIZE, "too large"))?;
+    memory_size_number(bytes)
+}
+
+/// Checks a memory size given as a plain number of bytes.
+pub(crate) fn memory_size_number(bytes: u64) -> Result<u64, Invalid> {
+    if bytes > MAX_DEBUG_INFO_MEMORY {
+        return Err(Invalid::because(
+            EXPECTED_MEMORY_SIZE,
+            "above the maximum of 16GiB",
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Parses the run duration: any duration greater than zero.
 pub(crate) fn run_duration(text: &str) -> Result<Duration, Invalid> {
     let duration = humantime_duration(text, EXPECTED_DURATION)?;
@@ -348,6 +393,23 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(reporter_interval("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(memory_size("64MiB"), Ok(64 << 20));
+        assert_eq!(memory_size(" 512 KiB "), Ok(512 << 10));
+        assert_eq!(memory_size("0"), Ok(0));
+        assert_eq!(memory_size("1G"), Ok(1 << 30));
+        assert_eq!(memory_size("4096"), Ok(4096));
+        assert_eq!(memory_size("16GiB"), Ok(16 << 30));
+        for bad in [
+            "",
+            "MiB",
+            "-1",
+            "1.5MiB",
+            "64MB",
+            "17GiB",
+            "99999999999999999999G",
+        ] {
+            assert!(memory_size(bad).is_err(), "{bad}");
+        }
         assert_eq!(reporter_interval("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(reporter_interval("1m 30s"), Ok(Duration::from_secs(90)));
         for bad in ["", "999ms", "1h 1s", "10", "ten seconds", "-1s"] {

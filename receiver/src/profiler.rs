@@ -48,6 +48,8 @@ pub struct ProfilerOptions {
     pub max_processes: NonZeroUsize,
     /// Samples kept per interval; more are dropped and counted.
     pub max_samples_per_interval: usize,
+    /// The symbolizer's bounds (debug information memory among them).
+    pub symbolizer: SymbolizerLimits,
 }
 
 impl ProfilerOptions {
@@ -58,6 +60,7 @@ impl ProfilerOptions {
             reporter_interval,
             max_processes: NonZeroUsize::new(16_384).unwrap_or(NonZeroUsize::MIN),
             max_samples_per_interval: 2_000_000,
+            symbolizer: SymbolizerLimits::default(),
         }
     }
 }
@@ -104,6 +107,8 @@ pub struct CpuProfiler {
     reporter_interval: Duration,
     /// Samples lost in BPF (ring full, failed tail calls) at the last refresh.
     lost_in_bpf: u64,
+    /// `lost_in_bpf` when the last batch was cut.
+    lost_at_last_batch: u64,
 }
 
 /// A duplicate of the ring buffer's fd, owned by the reactor registration.
@@ -160,7 +165,7 @@ impl CpuProfiler {
             native,
             interpreters: Interpreters::new(plugins),
             processes: ProcessTable::new(options.max_processes),
-            symbolizer: Symbolizer::new(SymbolizerLimits::default()),
+            symbolizer: Symbolizer::new(options.symbolizer),
             aggregator: Aggregator::new(options.max_samples_per_interval),
             clock: MonotonicToUnix::measure(),
             host_name: Arc::from(host::host_name()),
@@ -169,6 +174,7 @@ impl CpuProfiler {
             stats: Arc::default(),
             reporter_interval: options.reporter_interval,
             lost_in_bpf: 0,
+            lost_at_last_batch: 0,
         })
     }
 
@@ -263,6 +269,10 @@ impl CpuProfiler {
         // lose its last samples' executable and symbols.)
         let exited = self.processes.exited();
         self.drain();
+        // Counters as of the drain: samples BPF emitted after it belong to
+        // the next batch, so emitted and reported totals compare exactly
+        // (symbolizing the batch below can take a while).
+        self.refresh_stats(true);
         let now = MonotonicToUnix::unix_now();
         let window = BatchWindow {
             start_unix_nanos: self.window_start,
@@ -293,9 +303,8 @@ impl CpuProfiler {
     }
 
     fn record_interval(&mut self, interval: IntervalStats, exited: usize) {
-        let lost_before = self.lost_in_bpf;
-        self.refresh_stats(true);
-        let newly_lost = self.lost_in_bpf.saturating_sub(lost_before);
+        let newly_lost = self.lost_in_bpf.saturating_sub(self.lost_at_last_batch);
+        self.lost_at_last_batch = self.lost_in_bpf;
         if newly_lost > 0 || interval.dropped > 0 {
             warn!(
                 lost_in_bpf = newly_lost,
