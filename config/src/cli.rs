@@ -86,7 +86,7 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "DURATION")]
     reporter_interval: Option<String>,
 
-    /// Memory for the DWARF (line tables, inlined functions) of profiled binaries, like 64MiB; a binary needing more is symbolized from its symbol tables, and 0 turns DWARF off [default: 64MiB]
+    /// Memory for the DWARF (line tables, inlined functions) of profiled binaries, like 256MiB; a binary needing more is symbolized from its symbol tables, and 0 turns DWARF off [default: 16MiB]
     #[arg(long, value_name = "SIZE")]
     debug_info_memory: Option<String>,
 

@@ -46,8 +46,9 @@ pub const DEFAULT_PPROF_DIR: &str = "/var/lib/icecore/pprof";
 pub const DEFAULT_SAMPLING_FREQUENCY_HZ: u32 = 19;
 /// The default period between exports.
 pub const DEFAULT_REPORTER_INTERVAL: Duration = Duration::from_secs(10);
-/// Default memory for the DWARF of profiled binaries (64 MiB).
-pub const DEFAULT_DEBUG_INFO_MEMORY: u64 = 64 << 20;
+/// Default memory for the DWARF of profiled binaries (16 MiB): what keeps
+/// the agent within 50 MB; libc's separate DWARF alone needs about 31 MB.
+pub const DEFAULT_DEBUG_INFO_MEMORY: u64 = 16 << 20;
 /// The default address of the HTTP server.
 pub const DEFAULT_HTTP_ADDRESS: SocketAddr =
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 7071);

@@ -169,7 +169,12 @@ fn libc_resolves_through_libc6_dbg() {
         println!("skipped: {} missing (install libc6-dbg)", debug.display());
         return;
     }
-    let mut symbolizer = Symbolizer::new(SymbolizerLimits::default());
+    // libc's DWARF (about 31 MB parsed) is over the default budget.
+    let limits = SymbolizerLimits {
+        max_debug_bytes: 64 << 20,
+        ..SymbolizerLimits::default()
+    };
+    let mut symbolizer = Symbolizer::new(limits);
     let frame = symbolizer.native_frame(pid, mapping, malloc + 4, false);
     let outer = frame.lines.last().unwrap();
     assert!(outer.function_name.contains("malloc"), "{frame:#?}");

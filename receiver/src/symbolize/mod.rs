@@ -88,7 +88,7 @@ impl Default for SymbolizerLimits {
             max_file_size: elf::DEFAULT_MAX_FILE_SIZE,
             retry_unreachable_after: Duration::from_secs(30),
             max_debug_files: 32,
-            max_debug_bytes: 64 << 20,
+            max_debug_bytes: 16 << 20,
             debug_in_use: Duration::from_secs(60),
             max_source_files: 16384,
         }
