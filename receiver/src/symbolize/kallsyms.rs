@@ -6,7 +6,7 @@
 //! as zero; that is reported as [`KallsymsError::Hidden`].
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::{self, BufRead, BufReader, Read};
 
 /// Where the kernel lists its symbols.
 pub const KALLSYMS_PATH: &str = "/proc/kallsyms";
@@ -55,25 +55,36 @@ pub struct KernelSymbols {
 }
 
 impl KernelSymbols {
-    /// Reads and parses `/proc/kallsyms`.
+    /// Reads and parses `/proc/kallsyms`, line by line: the text (8 MB on a
+    /// distribution kernel) is never held whole.
     pub fn load() -> Result<Self, KallsymsError> {
         let file = File::open(KALLSYMS_PATH).map_err(KallsymsError::Io)?;
-        let mut text = String::new();
-        file.take(MAX_KALLSYMS_BYTES + 1)
-            .read_to_string(&mut text)
-            .map_err(KallsymsError::Io)?;
-        Self::parse(&text)
+        Self::parse_from(BufReader::with_capacity(64 << 10, file))
     }
 
     /// Parses kallsyms text.
     pub fn parse(text: &str) -> Result<Self, KallsymsError> {
-        if text.len() as u64 > MAX_KALLSYMS_BYTES {
-            return Err(KallsymsError::TooLarge);
-        }
+        Self::parse_from(text.as_bytes())
+    }
+
+    /// Parses kallsyms text read from `reader`.
+    fn parse_from(reader: impl BufRead) -> Result<Self, KallsymsError> {
+        let mut reader = reader.take(MAX_KALLSYMS_BYTES + 1);
         let mut entries = Vec::new();
         let mut names = String::new();
         let mut saw_symbol = false;
-        for (index, line) in text.lines().enumerate() {
+        let mut line = String::new();
+        let mut read = 0u64;
+        for index in 0.. {
+            line.clear();
+            let n = reader.read_line(&mut line).map_err(KallsymsError::Io)?;
+            if n == 0 {
+                break;
+            }
+            read += n as u64;
+            if read > MAX_KALLSYMS_BYTES {
+                return Err(KallsymsError::TooLarge);
+            }
             if line.trim().is_empty() {
                 continue;
             }
@@ -81,10 +92,10 @@ impl KernelSymbols {
             let (Some(address), Some(kind), Some(name)) =
                 (fields.next(), fields.next(), fields.next())
             else {
-                return Err(parse_error(index, line));
+                return Err(parse_error(index, line.trim_end()));
             };
             let Ok(address) = u64::from_str_radix(address, 16) else {
-                return Err(parse_error(index, line));
+                return Err(parse_error(index, line.trim_end()));
             };
             saw_symbol = true;
             if !matches!(kind, "t" | "T" | "w" | "W") || address == 0 {
