@@ -1,7 +1,7 @@
 #!/bin/bash
 # Measures what icecore costs a busy host, beside `perf record --call-graph
 # dwarf` + `perf script`, and writes BENCHMARKS.md. Needs root, a C compiler,
-# python3 and perf (Debian: linux-perf). Takes about six minutes; options go
+# python3 and perf (Debian: linux-perf). Takes about 12 minutes; options go
 # to the benchmark (see --help), for example --seconds 60 or --skip-perf.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -35,8 +35,10 @@ use crate::{
 #[derive(Parser, Debug)]
 #[command(about = "Measure icecore's overhead on a busy host, beside perf")]
 struct Args {
-    /// Length of each measured window, in seconds.
-    #[arg(long, default_value_t = 30)]
+    /// Length of each measured window, in seconds. At 19 Hz a window holds
+    /// about a thousand samples and one-off work (a new binary's symbols)
+    /// weighs on the average: shorter windows are noisier.
+    #[arg(long, default_value_t = 60)]
     seconds: u64,
     /// Seconds icecore runs before its window (start-up is not steady state).
     #[arg(long, default_value_t = 10)]
