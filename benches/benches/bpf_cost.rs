@@ -36,24 +36,8 @@ struct Run {
 }
 
 fn build_fixture(dir: &Path) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/recurse.c");
-    let exe = dir.join("recurse");
-    let status = Command::new("cc")
-        .args([
-            "-O2",
-            "-fomit-frame-pointer",
-            "-fno-optimize-sibling-calls",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(&source)
-        .status();
-    assert!(
-        matches!(status, Ok(s) if s.success()),
-        "cannot compile {}",
-        source.display()
-    );
-    exe
+    icecore_benches::compile_native_fixture("cc", "recurse.c", dir)
+        .unwrap_or_else(|e| panic!("cannot build the fixture: {e}"))
 }
 
 fn measure(exe: &Path, depth: u32, cpus: usize, frequency_hz: u32) -> Run {

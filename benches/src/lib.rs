@@ -1,5 +1,37 @@
-//! Criterion benchmarks live in benches/benches/; this is what the root-only
-//! BPF cost benchmarks share.
+//! Criterion benchmarks live in benches/benches/ and the overhead benchmark
+//! in src/bin/overhead/; this is what they share.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Compiles `benches/fixtures/{source}` into `dir` the way distributions
+/// build: -O2 without frame pointers, so every frame needs DWARF (and no
+/// sibling calls, so recursion keeps its frames). Returns the executable.
+pub fn compile_native_fixture(compiler: &str, source: &str, dir: &Path) -> Result<PathBuf, String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(source);
+    let exe = dir.join(source.file_stem().unwrap_or_default());
+    let out = Command::new(compiler)
+        .args([
+            "-O2",
+            "-fomit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&source)
+        .output()
+        .map_err(|e| format!("cannot run {compiler}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{compiler} failed on {}: {}",
+            source.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(exe)
+}
 
 /// Whether a root-only benchmark named `name` should run: prints why not
 /// when the process is not root, and stays quiet when `cargo bench` was

@@ -11,7 +11,7 @@ use std::{
     thread::JoinHandle,
 };
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 /// One running fixture and the progress it reported.
 pub struct Workload {
@@ -96,30 +96,10 @@ fn fixture_source(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Compiles the native fixture the way distributions build: -O2, no frame
-/// pointers, so that every frame needs DWARF.
+/// Compiles the native fixture without frame pointers.
 pub fn build_native(dir: &Path, compiler: &str) -> anyhow::Result<PathBuf> {
-    let source = fixture_source("throughput.c");
-    let exe = dir.join("throughput");
-    let out = Command::new(compiler)
-        .args([
-            "-O2",
-            "-fomit-frame-pointer",
-            "-fno-optimize-sibling-calls",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(&source)
-        .output()
-        .with_context(|| format!("cannot run {compiler} (set --cc)"))?;
-    if !out.status.success() {
-        bail!(
-            "{compiler} failed on {}: {}",
-            source.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(exe)
+    icecore_benches::compile_native_fixture(compiler, "throughput.c", dir)
+        .map_err(|e| anyhow::anyhow!("{e} (set --cc)"))
 }
 
 /// Starts both fixtures.
