@@ -101,6 +101,9 @@ pub struct NativeUnwindInfo {
     interpreters: HashMap<u32, ProgramIndex>,
     jobs: mpsc::SyncSender<BuildJob>,
     results: mpsc::Receiver<(FileKey, Option<BuiltTable>)>,
+    /// Notified when a build finishes, so that its table is installed at
+    /// once rather than at the next drain.
+    built: Arc<tokio::sync::Notify>,
     stats: NativeUnwindStats,
     max_table_bytes: usize,
     /// The vDSO's table, with the vDSO's size: a `[vdso]` mapping of another
@@ -125,6 +128,8 @@ impl NativeUnwindInfo {
     ) -> std::io::Result<Self> {
         let (jobs, job_rx) = mpsc::sync_channel::<BuildJob>(BUILD_QUEUE);
         let (result_tx, results) = mpsc::channel();
+        let built = Arc::new(tokio::sync::Notify::new());
+        let notify = Arc::clone(&built);
         thread::Builder::new()
             .name("unwind-tables".into())
             .spawn(move || {
@@ -139,6 +144,7 @@ impl NativeUnwindInfo {
                     if result_tx.send((job.key, built)).is_err() {
                         break;
                     }
+                    notify.notify_one();
                 }
             })?;
         Ok(NativeUnwindInfo {
@@ -149,6 +155,7 @@ impl NativeUnwindInfo {
             interpreters: HashMap::new(),
             jobs,
             results,
+            built,
             stats: NativeUnwindStats::default(),
             max_table_bytes,
             vdso: vdso_table().map(Arc::new),
@@ -300,6 +307,12 @@ impl NativeUnwindInfo {
         own.fits(mapping.end - mapping.start)
             .then(|| self.vdso.clone())
             .flatten()
+    }
+
+    /// Notified each time a table build finishes ([`Self::poll_builds`]
+    /// installs it).
+    pub fn build_notifier(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.built)
     }
 
     /// Installs finished tables and re-describes the processes waiting for

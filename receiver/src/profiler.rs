@@ -390,6 +390,7 @@ impl CpuProfiler {
         let mut report = tokio::time::interval_at(start, self.reporter_interval);
         report.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut polls = 0u32;
+        let built = self.native.as_ref().map(NativeUnwindInfo::build_notifier);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -400,6 +401,10 @@ impl CpuProfiler {
                     if polls.is_multiple_of(POLLS_PER_STATS_REFRESH) {
                         self.refresh_stats(false);
                     }
+                }
+                () = wait_notified(built.as_deref()) => {
+                    // A table is ready: install it now, not at the next poll.
+                    self.drain();
                 }
                 ready = wait_readable(ring.as_ref()) => {
                     self.drain();
@@ -421,6 +426,13 @@ impl CpuProfiler {
             warn!("the final batch had no sink to go to");
         }
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+async fn wait_notified(notify: Option<&tokio::sync::Notify>) {
+    match notify {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
     }
 }
 
