@@ -4,7 +4,9 @@
 //!
 //! Needs root. Profiles a recursion fixture built without frame pointers at
 //! several depths, one instance per CPU so almost every perf event is a full
-//! sample, and fits `ns per sample = fixed + per_frame × frames`.
+//! sample, and fits `ns per sample = fixed + per_frame × frames` over a window
+//! after a warm-up (the first samples run with every cache cold while the
+//! agent learns the processes: a start-up cost, not a per-sample one).
 //!
 //! `cargo bench -p icecore-benches --bench bpf_cost`
 
@@ -19,9 +21,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use icecore_receiver::{Counter, CpuProfiler, ProfilerOptions, SamplerOptions};
+use icecore_receiver::{Counter, CpuProfiler, ProfilerOptions, ProfilerStats, SamplerOptions};
 
 const FREQUENCY_HZ: u32 = 997;
+/// Seconds before the measured window.
+const WARMUP_SECONDS: u64 = 2;
+/// Seconds measured.
 const SECONDS: u64 = 4;
 const DEPTHS: [u32; 4] = [5, 60, 150, 280];
 /// Rounds over all depths, interleaved so that a noisy period of the
@@ -41,7 +46,7 @@ fn build_fixture(dir: &Path) -> PathBuf {
 }
 
 fn measure(exe: &Path, depth: u32, cpus: usize, frequency_hz: u32) -> Run {
-    let seconds = SECONDS + 2;
+    let seconds = WARMUP_SECONDS + SECONDS + 2;
     let mut children: Vec<Child> = (0..cpus)
         .map(|_| {
             Command::new(exe)
@@ -56,28 +61,44 @@ fn measure(exe: &Path, depth: u32, cpus: usize, frequency_hz: u32) -> Run {
         Duration::from_secs(3600),
     );
     let mut profiler = CpuProfiler::start(&options).expect("start sampling (root needed)");
-    // Warm-up: the first samples learn the processes and install tables.
-    let deadline = Instant::now() + Duration::from_secs(SECONDS);
-    while Instant::now() < deadline {
-        profiler.drain();
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    profiler.take_batch();
-    let stats = profiler.stats();
-    let stats = stats.lock().expect("stats lock").clone();
+    // Warm-up: the first samples learn the processes and install tables, with
+    // every cache cold; the measured window starts after it.
+    run_for(&mut profiler, Duration::from_secs(WARMUP_SECONDS));
+    let before = snapshot(&mut profiler);
+    run_for(&mut profiler, Duration::from_secs(SECONDS));
+    let after = snapshot(&mut profiler);
     for child in &mut children {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let emitted = stats.counters.get(Counter::Emitted).max(1);
-    let frames =
-        stats.counters.get(Counter::DwarfFrames) + stats.counters.get(Counter::FramePointerFrames);
+    let delta = |c: Counter| after.counters.get(c) - before.counters.get(c);
+    let emitted = delta(Counter::Emitted).max(1);
+    let frames = delta(Counter::DwarfFrames) + delta(Counter::FramePointerFrames);
+    let runs = after.bpf_cost.run_count - before.bpf_cost.run_count;
+    let run_time_ns = after.bpf_cost.run_time_ns - before.bpf_cost.run_time_ns;
     Run {
         depth,
-        ns_per_sample: stats.bpf_cost.run_time_ns as f64 / stats.bpf_cost.run_count.max(1) as f64,
+        ns_per_sample: run_time_ns as f64 / runs.max(1) as f64,
         frames_per_sample: frames as f64 / emitted as f64,
-        samples: stats.bpf_cost.run_count,
+        samples: runs,
     }
+}
+
+/// Drains the ring every 100 ms for `length`.
+fn run_for(profiler: &mut CpuProfiler, length: Duration) {
+    let deadline = Instant::now() + length;
+    while Instant::now() < deadline {
+        profiler.drain();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The counters and BPF statistics as of now.
+fn snapshot(profiler: &mut CpuProfiler) -> ProfilerStats {
+    // Taking a batch drains the ring and refreshes the statistics.
+    profiler.take_batch();
+    let shared = profiler.stats();
+    shared.lock().expect("stats lock").clone()
 }
 
 fn main() {
@@ -112,7 +133,7 @@ fn main() {
         .collect();
     println!(
         "BPF cost per sample (cpu-clock {frequency_hz} Hz, {cpus} fixture instances, {SECONDS} s \
-         each, {rounds} rounds)"
+         after {WARMUP_SECONDS} s of warm-up each, {rounds} rounds)"
     );
     println!(
         "{:>6} {:>10} {:>14} {:>14}",
@@ -129,5 +150,38 @@ fn main() {
         .map(|r| (r.frames_per_sample, r.ns_per_sample))
         .collect();
     let (fixed, per_frame) = icecore_benches::fit(&points);
-    println!("fit: {fixed:.0} ns fixed + {per_frame:.1} ns per native frame (target: 2000 + 100)");
+    println!(
+        "fit over every run: {fixed:.0} ns fixed + {per_frame:.1} ns per native frame \
+         (target: 2000 + 100)"
+    );
+    // A busy neighbour on a shared machine slows a whole round: the median
+    // of each depth's rounds is what a quiet machine would show.
+    let medians: Vec<(f64, f64)> = depths
+        .iter()
+        .filter_map(|&d| {
+            let of_depth: Vec<&Run> = runs.iter().filter(|r| r.depth == d).collect();
+            let ns = median(of_depth.iter().map(|r| r.ns_per_sample).collect())?;
+            let frames = median(of_depth.iter().map(|r| r.frames_per_sample).collect())?;
+            Some((frames, ns))
+        })
+        .collect();
+    for (frames, ns) in &medians {
+        println!("median at {frames:.1} frames: {ns:.0} ns");
+    }
+    let (fixed, per_frame) = icecore_benches::fit(&medians);
+    println!(
+        "fit over the medians: {fixed:.0} ns fixed + {per_frame:.1} ns per native frame \
+         (target: 2000 + 100)"
+    );
+}
+
+/// The middle value (the mean of the middle two for an even count).
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
 }
