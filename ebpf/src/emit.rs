@@ -1,4 +1,4 @@
-//! Copies the finished sample into the ring buffer.
+//! Copies the finished sample into its CPU's ring buffer.
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use icecore_unwinders::{Counter, SampleRecord, UnwindScratch, sample::MAX_FRAMES};
 
-use crate::maps::{SAMPLES, count, count_n};
+use crate::maps::{SAMPLE_RINGS, count, count_n};
 
 /// Wake the reader only once this many bytes wait: a wakeup per sample costs
 /// about 1 µs of BPF time, and user space polls on a timer anyway. Set at load
@@ -44,13 +44,17 @@ pub fn emit(scratch: &mut UnwindScratch) {
         frames = MAX_FRAMES;
     }
     let size = SampleRecord::wire_size(frames) as u64;
-    let ring = core::ptr::from_ref(&SAMPLES).cast_mut().cast();
+    let Some(ring) = SAMPLE_RINGS.get(header.cpu) else {
+        count(Counter::SampleRingMissing);
+        return;
+    };
+    let ring = core::ptr::from_ref(ring).cast_mut().cast();
     let mut flags = BPF_RB_NO_WAKEUP;
     scratch.state.samples_since_query = scratch.state.samples_since_query.wrapping_add(1);
     if scratch.state.samples_since_query >= QUERY_EVERY {
         scratch.state.samples_since_query = 0;
-        // SAFETY: plain load of a load-time constant; `ring` is the map
-        // definition (RingBuf is repr(transparent) over it).
+        // SAFETY: plain load of a load-time constant; `ring` is the inner
+        // map the outer array's lookup returned.
         let wakeup_bytes = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
         let pending = unsafe {
             aya_ebpf::helpers::generated::bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA as u64)

@@ -3,7 +3,7 @@
 use aya_ebpf::programs::PerfEventContext;
 use aya_ebpf::{
     bindings::{BPF_F_INNER_MAP, BPF_F_MMAPABLE},
-    btf_maps::{Array, ArrayOfMaps},
+    btf_maps::{Array, ArrayOfMaps, RingBuf as BtfRingBuf},
     macros::{btf_map, map},
     maps::{HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
@@ -12,6 +12,7 @@ use icecore_unwinders::{
     native::{ProcessMappingTable, UnwindChunk, mappings::PROCESS_SLOTS_MAX},
     programs::PROGRAM_COUNT,
     python::{PYTHON_PROCESSES_MAX, PythonProcess},
+    sample::MAX_CPUS,
 };
 
 /// Flags of every unwind table: user space fills them through mmap, and each
@@ -57,9 +58,13 @@ pub static SCRATCH: PerCpuArray<UnwindScratch> = PerCpuArray::with_max_entries(1
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
 
-/// Finished samples. User space sizes it at load time.
-#[map]
-pub static SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+/// Finished samples: one ring buffer per CPU, at the CPU's number, created
+/// and sized by user space. One shared ring would move its lock, positions
+/// and record headers between CPUs on every sample (about 200 ns measured on
+/// two CPUs), and contend on large hosts. (Inner ring buffers may differ in
+/// size from this template: the kernel compares their type and flags only.)
+#[btf_map]
+pub static SAMPLE_RINGS: ArrayOfMaps<BtfRingBuf<u8, 4096>, MAX_CPUS> = ArrayOfMaps::new();
 
 /// Exits and execs of processes that have a mapping table.
 #[map]

@@ -2,7 +2,8 @@
 //! CPU, tracks processes, symbolizes frames and aggregates samples into the
 //! profile model of `icecore-otlp`.
 //!
-//! - [`sampler`]: BPF loading, perf events, the ring buffer and counters.
+//! - [`sampler`]: BPF loading, perf events and counters.
+//! - [`sample_rings`]: the per-CPU ring buffers samples arrive in.
 //! - [`map_memory`]: kernel memory of the BPF maps.
 //! - [`record`]: decoding ring-buffer records.
 //! - [`processes`], [`process_maps`]: what is known of each sampled process.
@@ -21,6 +22,7 @@ pub mod process_maps;
 pub mod processes;
 pub mod profiler;
 pub mod record;
+pub mod sample_rings;
 pub mod sampler;
 pub mod symbolize;
 pub mod unwind_maps;

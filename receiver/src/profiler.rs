@@ -343,7 +343,8 @@ impl CpuProfiler {
         let cost = self.sampler.cost().unwrap_or_default();
         self.lost_in_bpf = counters.get(Counter::RingBufferFull)
             + counters.get(Counter::TailCallFailed)
-            + counters.get(Counter::ScratchUnavailable);
+            + counters.get(Counter::ScratchUnavailable)
+            + counters.get(Counter::SampleRingMissing);
         let held_map_bytes = if with_map_memory {
             crate::map_memory::held_map_bytes()
                 .map_err(|e| debug!("cannot read /proc/self/fdinfo: {e}"))

@@ -16,7 +16,11 @@ use aya::{
 use icecore_unwinders::{COUNTER_COUNT, Counter, ProgramIndex, python::PythonProcess};
 use tracing::{debug, info, warn};
 
-use crate::{host, kernel_btf, unwind_maps::UnwindMapSet};
+use crate::{
+    host, kernel_btf,
+    sample_rings::{SampleRingError, SampleRings, ring_bytes_per_cpu},
+    unwind_maps::UnwindMapSet,
+};
 
 /// The compiled BPF object (see build.rs).
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/icecore"));
@@ -70,6 +74,9 @@ pub enum SamplerError {
     /// The online CPUs could not be listed.
     #[error("cannot list online CPUs ({0}): {1}")]
     OnlineCpus(&'static str, io::Error),
+    /// The per-CPU sample rings could not be set up.
+    #[error(transparent)]
+    SampleRings(#[from] SampleRingError),
 }
 
 /// What to sample.
@@ -105,7 +112,7 @@ pub struct ProgramCost {
 /// The loaded, attached BPF programs and their maps.
 pub struct CpuSampler {
     ebpf: Ebpf,
-    ring: RingBuf<MapData>,
+    rings: SampleRings,
     events: RingBuf<MapData>,
     unwind_maps: Option<UnwindMapSet>,
     counters: PerCpuArray<MapData, u64>,
@@ -129,8 +136,9 @@ impl CpuSampler {
         }
         let cpus =
             aya::util::online_cpus().map_err(|(what, e)| SamplerError::OnlineCpus(what, e))?;
-        let ring_bytes = ring_buffer_bytes(options.frequency_hz, cpus.len());
-        let wakeup_bytes = u64::from(ring_bytes / 4);
+        // A wakeup once a CPU's ring is a quarter full: user space drains on
+        // a timer too, so wakeups only guard against bursts.
+        let wakeup_bytes = u64::from(ring_bytes_per_cpu(options.frequency_hz) / 4);
         let task_stack_offset = match kernel_btf::member_offset_in_file(
             std::path::Path::new(kernel_btf::VMLINUX_BTF),
             "task_struct",
@@ -153,7 +161,6 @@ impl CpuSampler {
             .override_global("TASK_STACK_OFFSET", &task_stack_offset, true)
             .override_global("TASK_FSBASE_OFFSET", &task_fsbase_offset, true)
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
-            .map_max_entries("SAMPLES", ring_bytes)
             .map_max_entries("PID_FILTER", filter_capacity)
             .load(BPF_OBJECT)
             .map_err(|e| permission_or(e, SamplerError::Load))?;
@@ -212,13 +219,10 @@ impl CpuSampler {
                 })?;
         }
 
-        let ring = ebpf
-            .take_map("SAMPLES")
-            .ok_or(SamplerError::MissingMap("SAMPLES"))?;
-        let ring = RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
-            name: "SAMPLES",
-            source,
-        })?;
+        let rings = ebpf
+            .take_map("SAMPLE_RINGS")
+            .ok_or(SamplerError::MissingMap("SAMPLE_RINGS"))?;
+        let rings = SampleRings::create(rings, &cpus, options.frequency_hz)?;
         let counters = ebpf
             .take_map("COUNTERS")
             .ok_or(SamplerError::MissingMap("COUNTERS"))?;
@@ -277,13 +281,13 @@ impl CpuSampler {
         info!(
             cpus = cpus.len(),
             frequency_hz = options.frequency_hz,
-            ring_buffer_kib = ring_bytes / 1024,
+            ring_buffer_kib_per_cpu = rings.ring_bytes() / 1024,
             pids = ?options.pids,
             "sampling started"
         );
         Ok(CpuSampler {
             ebpf,
-            ring,
+            rings,
             events,
             unwind_maps,
             counters,
@@ -293,14 +297,9 @@ impl CpuSampler {
         })
     }
 
-    /// Hands every record waiting in the ring buffer to `f`; never blocks.
-    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
-        let mut n = 0;
-        while let Some(item) = self.ring.next() {
-            f(&item);
-            n += 1;
-        }
-        n
+    /// Hands every record waiting in the CPUs' rings to `f`; never blocks.
+    pub fn drain(&mut self, f: impl FnMut(&[u8])) -> usize {
+        self.rings.drain(f)
     }
 
     /// Hands every waiting process event to `f`; never blocks.
@@ -363,20 +362,10 @@ impl CpuSampler {
 }
 
 impl AsRawFd for CpuSampler {
-    /// The ring buffer's fd: readable when BPF forces a wakeup.
+    /// Readable when BPF forced a wakeup on any CPU's ring.
     fn as_raw_fd(&self) -> RawFd {
-        self.ring.as_raw_fd()
+        self.rings.as_raw_fd()
     }
-}
-
-/// Room for about one second of samples of 2 KiB, as a power of two between
-/// 1 MiB and 256 MiB (the kernel requires a power-of-two multiple of the page size).
-fn ring_buffer_bytes(frequency_hz: u32, cpus: usize) -> u32 {
-    let wanted = u64::from(frequency_hz)
-        .saturating_mul(cpus as u64)
-        .saturating_mul(2048);
-    let clamped = wanted.clamp(1 << 20, 1 << 28);
-    u32::try_from(clamped.next_power_of_two()).unwrap_or(1 << 28)
 }
 
 fn perf_program<'a>(
@@ -453,19 +442,4 @@ fn task_fsbase_offset() -> Result<u64, kernel_btf::BtfError> {
     let thread = kernel_btf::member_offset_in_file(btf, "task_struct", "thread")?;
     let fsbase = kernel_btf::member_offset_in_file(btf, "thread_struct", "fsbase")?;
     Ok(u64::from(thread) + u64::from(fsbase))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ring_buffer_is_a_bounded_power_of_two() {
-        assert_eq!(ring_buffer_bytes(19, 2), 1 << 20);
-        assert_eq!(ring_buffer_bytes(997, 2), 1 << 22);
-        assert_eq!(ring_buffer_bytes(10_000, 4096), 1 << 28);
-        for (hz, cpus) in [(1, 1), (97, 64), (4999, 7)] {
-            assert!(ring_buffer_bytes(hz, cpus).is_power_of_two());
-        }
-    }
 }

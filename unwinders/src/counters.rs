@@ -1,7 +1,8 @@
 //! Per-CPU counters, one per outcome or failure mode of the BPF programs.
 //!
 //! Every sample ends in exactly one of `Emitted`, `Idle`, `FilteredOut`,
-//! `ScratchUnavailable`, `RingBufferFull` or `TailCallFailed`; the others count
+//! `ScratchUnavailable`, `RingBufferFull`, `SampleRingMissing` or
+//! `TailCallFailed`; the others count
 //! degradations of emitted samples (a stack cut short, a read that failed).
 
 /// Index into the `COUNTERS` per-CPU array.
@@ -51,10 +52,12 @@ pub enum Counter {
     PythonStackTruncated = 19,
     /// The native unwinder named the CPython unwinder for a process that has no `PYTHON_PROCESSES` entry.
     PythonProcessMissing = 20,
+    /// The sampling CPU has no ring buffer (it was not online at start); the sample was lost.
+    SampleRingMissing = 21,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 21;
+pub const COUNTER_COUNT: u32 = 22;
 
 impl Counter {
     /// Every counter, in index order.
@@ -80,6 +83,7 @@ impl Counter {
         Counter::PythonReadFailed,
         Counter::PythonStackTruncated,
         Counter::PythonProcessMissing,
+        Counter::SampleRingMissing,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -106,6 +110,7 @@ impl Counter {
             Counter::PythonReadFailed => "python_read_failed",
             Counter::PythonStackTruncated => "python_stack_truncated",
             Counter::PythonProcessMissing => "python_process_missing",
+            Counter::SampleRingMissing => "sample_ring_missing",
         }
     }
 }

@@ -13,6 +13,10 @@ pub const MAX_USER_FRAMES: usize = 512;
 /// Capacity of [`SampleRecord::frames`]: kernel frames first, then user frames.
 pub const MAX_FRAMES: usize = MAX_KERNEL_FRAMES + 1 + MAX_USER_FRAMES;
 
+/// CPUs with a sample ring buffer: the size of the per-CPU ring array,
+/// indexed by CPU number (higher-numbered CPUs are not sampled).
+pub const MAX_CPUS: usize = 4096;
+
 /// Bits of [`SampleHeader::flags`].
 pub mod flags {
     /// The sample interrupted kernel code.

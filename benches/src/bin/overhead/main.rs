@@ -262,7 +262,10 @@ fn measure_icecore(
             summary.samples_reported, summary.emitted_by_bpf
         ),
     ];
-    let lost = bpf("ring_buffer_full") + bpf("tail_call_failed") + bpf("scratch_unavailable");
+    let lost = bpf("ring_buffer_full")
+        + bpf("tail_call_failed")
+        + bpf("scratch_unavailable")
+        + bpf("sample_ring_missing");
     if lost > 0.0 {
         notes.push(format!("{lost} samples lost in BPF in the window"));
     }
