@@ -202,6 +202,21 @@ impl Icecore {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// A numeric field of the final "icecore stopped" log line, such as
+    /// `samples` or `emitted_by_bpf`; None before icecore stopped.
+    pub fn stopped_field(&self, name: &str) -> Option<u64> {
+        let stderr = self.stderr();
+        let line = stderr
+            .lines()
+            .rev()
+            .find(|l| l.contains("icecore stopped"))?;
+        let key = format!("{name}=");
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(key.as_str()))?
+            .parse()
+            .ok()
+    }
+
     /// The tail of both outputs, for failure messages.
     pub fn logs(&self) -> String {
         fn tail(s: &str, n: usize) -> String {

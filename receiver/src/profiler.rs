@@ -422,6 +422,11 @@ impl CpuProfiler {
                 }
             }
         }
+        // Samples emitted after the final drain would be counted as emitted
+        // but never reported: stop sampling first.
+        if let Err(e) = self.sampler.stop_sampling() {
+            warn!("could not stop sampling before the final batch: {e}");
+        }
         let batch = self.take_batch();
         if batches.send(batch).await.is_err() {
             warn!("the final batch had no sink to go to");

@@ -10,7 +10,9 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{
         PerfEvent, TracePoint,
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        perf_event::{
+            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+        },
     },
 };
 use icecore_unwinders::{COUNTER_COUNT, Counter, ProgramIndex, python::PythonProcess};
@@ -121,6 +123,8 @@ pub struct CpuSampler {
     _programs: ProgramArray<MapData>,
     _stats: Option<OwnedFd>,
     cpus: usize,
+    /// The entry program's perf events, one per CPU; empty once stopped.
+    sampling_links: Vec<PerfEventLinkId>,
 }
 
 impl CpuSampler {
@@ -268,8 +272,9 @@ impl CpuSampler {
         }
 
         let entry = perf_program(&mut ebpf, ENTRY_PROGRAM)?;
+        let mut sampling_links = Vec::with_capacity(cpus.len());
         for &cpu in &cpus {
-            entry
+            let link = entry
                 .attach(
                     PerfEventConfig::Software(SoftwareEvent::CpuClock),
                     PerfEventScope::AllProcessesOneCpu { cpu },
@@ -277,6 +282,7 @@ impl CpuSampler {
                     false,
                 )
                 .map_err(|source| permission_or_program(ENTRY_PROGRAM, source))?;
+            sampling_links.push(link);
         }
         info!(
             cpus = cpus.len(),
@@ -294,7 +300,26 @@ impl CpuSampler {
             _programs: programs,
             _stats: stats,
             cpus: cpus.len(),
+            sampling_links,
         })
+    }
+
+    /// Stops sampling: detaches the perf events of every CPU, so that one
+    /// more [`Self::drain`] reads every sample BPF will ever emit and the
+    /// counters read after it match what was received. The programs stay
+    /// loaded, so their run-time statistics can still be read.
+    pub fn stop_sampling(&mut self) -> Result<(), SamplerError> {
+        // Closing a perf event waits for its handler on that CPU to return
+        // (the kernel removes the event from the CPU by IPI), so no sample
+        // is still being built once this returns.
+        let entry = perf_program(&mut self.ebpf, ENTRY_PROGRAM)?;
+        for link in self.sampling_links.drain(..) {
+            entry.detach(link).map_err(|source| SamplerError::Program {
+                name: ENTRY_PROGRAM,
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     /// Hands every record waiting in the CPUs' rings to `f`; never blocks.
