@@ -202,9 +202,28 @@ impl Icecore {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// After icecore stopped: asserts that its final log line reports as
+    /// many samples as BPF emitted, and returns that number.
+    pub fn assert_every_emitted_sample_reported(&self) -> u64 {
+        let field = |name: &str| {
+            self.stopped_field(name).unwrap_or_else(|| {
+                panic!("no {name}= in the 'icecore stopped' line\n{}", self.logs())
+            })
+        };
+        let (reported, emitted) = (field("samples"), field("emitted_by_bpf"));
+        println!("reported {reported} of the {emitted} samples BPF emitted");
+        assert_eq!(
+            reported,
+            emitted,
+            "samples reported != samples emitted by BPF at exit\n{}",
+            self.logs()
+        );
+        emitted
+    }
+
     /// A numeric field of the final "icecore stopped" log line, such as
     /// `samples` or `emitted_by_bpf`; None before icecore stopped.
-    pub fn stopped_field(&self, name: &str) -> Option<u64> {
+    fn stopped_field(&self, name: &str) -> Option<u64> {
         let stderr = self.stderr();
         let line = stderr
             .lines()
