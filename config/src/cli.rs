@@ -74,24 +74,36 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "FILE")]
     otlp_listen_bearer_token_file: Option<String>,
 
+    /// Memory the receiver's requests may hold at once (read, decoded, waiting for the sinks), like 256MiB; a request that does not fit now is refused with RESOURCE_EXHAUSTED [default: 128MiB]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    otlp_listen_memory: Option<String>,
+
     /// Directory to write gzipped pprof files to [default: /var/lib/icecore/pprof if no sink is set, else none]
     #[arg(long, value_name = "DIR")]
     pprof_dir: Option<OsString>,
+
+    /// Most pprof files kept in the directory, oldest removed first; 0 keeps every file [default: 8640, a day at 10s]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pprof_max_files: Option<String>,
+
+    /// Most bytes of pprof files kept in the directory, oldest removed first, like 512MiB; 0 means no limit [default: 1GiB]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    pprof_max_bytes: Option<String>,
 
     /// Samples per second on each CPU, an integer from 1 to 10000 [default: 19]
     #[arg(long, value_name = "HZ", allow_negative_numbers = true)]
     sampling_frequency: Option<String>,
 
     /// How often to export collected profiles, from 1s to 1h, like 10s or 1m [default: 10s]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     reporter_interval: Option<String>,
 
     /// Memory for the DWARF (line tables, inlined functions) of profiled binaries, like 256MiB; a binary needing more is symbolized from its symbol tables, and 0 turns DWARF off [default: 16MiB]
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     debug_info_memory: Option<String>,
 
     /// Stop after this long (like 30s or 5m), flush and exit 0 [default: run until stopped]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     duration: Option<String>,
 
     /// Profile only this process; repeat for more (comma-separated also works) [default: every process]
@@ -213,6 +225,21 @@ impl Cli {
             self.otlp_listen_bearer_token_file.as_deref(),
             export::token_file,
         )?;
+        let otlp_listen_memory_bytes = check(
+            "otlp-listen-memory",
+            self.otlp_listen_memory.as_deref(),
+            validate::receiver_memory,
+        )?;
+        let pprof_max_files = check(
+            "pprof-max-files",
+            self.pprof_max_files.as_deref(),
+            validate::file_count,
+        )?;
+        let pprof_max_bytes = check(
+            "pprof-max-bytes",
+            self.pprof_max_bytes.as_deref(),
+            validate::memory_size,
+        )?;
         let pprof_dir = match &self.pprof_dir {
             Some(dir) => Some(
                 validate::pprof_dir(PathBuf::from(dir))
@@ -266,9 +293,12 @@ impl Cli {
             resource_attributes: None,
             otlp_listen,
             otlp_listen_bearer_token_file,
+            otlp_listen_memory_bytes,
             parca,
             parca_bearer_token_file,
             pprof_dir,
+            pprof_max_files,
+            pprof_max_bytes,
             sampling_frequency_hz,
             reporter_interval,
             debug_info_memory_bytes,
@@ -294,7 +324,7 @@ fn check<T>(
 fn invalid_flag(flag: &'static str, value: &str, invalid: &Invalid) -> ConfigError {
     ConfigError::InvalidFlag {
         flag,
-        value: value.to_owned(),
+        value: validate::redact_userinfo(value),
         message: invalid.flag_message(),
     }
 }

@@ -85,7 +85,7 @@ fn parse<T>(
         .map(Some)
         .map_err(|invalid| ConfigError::InvalidEnv {
             var: name,
-            value: show_value.then_some(value),
+            value: show_value.then(|| crate::validate::redact_userinfo(&value)),
             message: invalid.flag_message(),
         })
 }

@@ -183,7 +183,7 @@ pub(crate) fn key_value_list(
 }
 
 /// Decodes `%XX` escapes; `None` for a malformed escape or invalid UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
+pub(crate) fn percent_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -13,7 +13,7 @@ const EXPECTED_RESOURCE_MAPPING: &str =
 use crate::{ConfigError, Settings};
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 23] = [
+pub const KEYS: [&str; 26] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -27,9 +27,12 @@ pub const KEYS: [&str; 23] = [
     "resource_attributes",
     "otlp_listen",
     "otlp_listen_bearer_token_file",
+    "otlp_listen_memory",
     "parca_endpoint",
     "parca_bearer_token_file",
     "pprof_dir",
+    "pprof_max_files",
+    "pprof_max_bytes",
     "sampling_frequency",
     "reporter_interval",
     "debug_info_memory",
@@ -39,13 +42,88 @@ pub const KEYS: [&str; 23] = [
     "log_level",
 ];
 
+/// Largest config file read: a real one is a few hundred bytes, and
+/// `/dev/zero` or a log file given by mistake must not fill memory.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+/// Deepest nesting of collections accepted: settings are at most two
+/// levels deep, and the YAML parser's time grows with the depth.
+pub const MAX_NESTING: usize = 16;
+
 /// Reads, parses and checks the config file at `path`.
 pub(crate) fn load(path: &Path) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::FileRead {
+    use std::io::Read;
+    let read_error = |source| ConfigError::FileRead {
         path: path.to_owned(),
         source,
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    let syntax = |message: String| ConfigError::FileSyntax {
+        path: path.to_owned(),
+        message,
+    };
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(syntax(format!(
+            "the file is over {} KiB; a config file is a short YAML mapping",
+            MAX_FILE_BYTES >> 10
+        )));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        syntax(format!(
+            "not UTF-8 text (byte {})",
+            e.utf8_error().valid_up_to()
+        ))
     })?;
     parse(path, &text)
+}
+
+/// The deepest nesting of YAML collections in `text`, counted before the
+/// parser sees it: flow brackets outside quoted scalars and comments, and
+/// block levels by indentation (a `- ` item opens a level too).
+fn nesting_depth(text: &str) -> usize {
+    let mut deepest = 0;
+    let mut flow = 0usize;
+    let mut indents: Vec<usize> = Vec::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start_matches([' ', '\t']);
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        if flow == 0 {
+            let indent = line.len() - trimmed.len();
+            while indents.last().is_some_and(|&i| i > indent) {
+                indents.pop();
+            }
+            if indents.last() != Some(&indent) {
+                indents.push(indent);
+            }
+            // Each `- ` starts a nested item on the same line.
+            let dashes = trimmed
+                .split_inclusive(' ')
+                .take_while(|part| part.trim() == "-")
+                .count();
+            deepest = deepest.max(indents.len() + dashes);
+        }
+        let mut quote: Option<char> = None;
+        for c in trimmed.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '\'' | '"') => quote = Some(c),
+                (None, '#') => break,
+                (None, '[' | '{') => {
+                    flow += 1;
+                    deepest = deepest.max(indents.len() + flow);
+                }
+                (None, ']' | '}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+        }
+    }
+    deepest
 }
 
 /// Parses and checks config file text; `path` only names the file in errors.
@@ -54,6 +132,12 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         path: path.to_owned(),
         message,
     };
+    let depth = nesting_depth(text);
+    if depth > MAX_NESTING {
+        return Err(syntax(format!(
+            "collections nested {depth} deep; settings nest at most {MAX_NESTING} deep"
+        )));
+    }
     let document: Value =
         serde_norway::from_str(text).map_err(|e| syntax(format!("invalid YAML: {e}")))?;
     let mapping = match document {
@@ -112,7 +196,22 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         parca_bearer_token_file: reader.string("parca_bearer_token_file", export::token_file)?,
         otlp_listen_bearer_token_file: reader
             .string("otlp_listen_bearer_token_file", export::token_file)?,
+        otlp_listen_memory_bytes: reader.integer(
+            "otlp_listen_memory",
+            validate::receiver_memory,
+            validate::receiver_memory_number,
+        )?,
         pprof_dir: reader.string("pprof_dir", |s| validate::pprof_dir(PathBuf::from(s)))?,
+        pprof_max_files: reader.integer(
+            "pprof_max_files",
+            validate::file_count,
+            validate::file_count_number,
+        )?,
+        pprof_max_bytes: reader.integer(
+            "pprof_max_bytes",
+            validate::memory_size,
+            validate::memory_size_number,
+        )?,
         sampling_frequency_hz: reader.integer(
             "sampling_frequency",
             validate::sampling_frequency,
@@ -290,7 +389,7 @@ fn describe(value: &Value) -> String {
         Value::Null => "null".to_owned(),
         Value::Bool(b) => b.to_string(),
         Value::Number(n) => n.to_string(),
-        Value::String(s) => format!("{s:?}"),
+        Value::String(s) => format!("{:?}", validate::redact_userinfo(s)),
         Value::Sequence(_) => "a list".to_owned(),
         Value::Mapping(_) => "a mapping".to_owned(),
         Value::Tagged(tagged) => format!("a value tagged {}", tagged.tag),

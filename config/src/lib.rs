@@ -49,6 +49,12 @@ pub const DEFAULT_REPORTER_INTERVAL: Duration = Duration::from_secs(10);
 /// Default memory for the DWARF of profiled binaries (16 MiB): what keeps
 /// the agent within 50 MB; libc's separate DWARF alone needs about 31 MB.
 pub const DEFAULT_DEBUG_INFO_MEMORY: u64 = 16 << 20;
+/// Default memory budget of the OTLP receiver.
+pub const DEFAULT_OTLP_LISTEN_MEMORY: u64 = 128 << 20;
+/// Default number of pprof files kept in the directory: a day at 10 s.
+pub const DEFAULT_PPROF_MAX_FILES: u64 = 8640;
+/// Default bytes of pprof files kept in the directory.
+pub const DEFAULT_PPROF_MAX_BYTES: u64 = 1 << 30;
 /// The default address of the HTTP server.
 pub const DEFAULT_HTTP_ADDRESS: SocketAddr =
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 7071);
@@ -58,8 +64,11 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 /// An OTLP gRPC collector to export profiles to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtlpEndpoint {
-    /// The URL as written, starting with `http://` or `https://`.
+    /// The URL as written, starting with `http://` or `https://`, without
+    /// any `user:password@` it was written with.
     pub url: String,
+    /// `authorization: Basic …` from the URL's credentials, if it had any.
+    pub basic_auth: Option<Secret>,
     /// Whether the URL is `https://`, so the connection uses TLS.
     pub tls: bool,
 }
@@ -92,8 +101,15 @@ pub struct Config {
     pub otlp_listen: Option<SocketAddr>,
     /// Token file the receiver's clients must present as `Bearer`, if any.
     pub otlp_listen_bearer_token_file: Option<PathBuf>,
+    /// Memory the receiver's requests may hold at once (read, decoded and
+    /// waiting for the sinks).
+    pub otlp_listen_memory_bytes: u64,
     /// The directory to write pprof files to, if any.
     pub pprof_dir: Option<PathBuf>,
+    /// Most pprof files kept in `pprof_dir` (oldest removed first); 0: no limit.
+    pub pprof_max_files: u64,
+    /// Most bytes of pprof files kept in `pprof_dir`; 0: no limit.
+    pub pprof_max_bytes: u64,
     /// Whether `pprof_dir` is [`DEFAULT_PPROF_DIR`] because no sink was set.
     pub pprof_dir_is_default: bool,
     /// Samples per second on each CPU, from 1 to 10000.
@@ -218,9 +234,12 @@ pub(crate) struct Settings {
     pub resource_attributes: Option<Vec<(String, String)>>,
     pub otlp_listen: Option<SocketAddr>,
     pub otlp_listen_bearer_token_file: Option<PathBuf>,
+    pub otlp_listen_memory_bytes: Option<u64>,
     pub parca: Option<OtlpEndpoint>,
     pub parca_bearer_token_file: Option<PathBuf>,
     pub pprof_dir: Option<PathBuf>,
+    pub pprof_max_files: Option<u64>,
+    pub pprof_max_bytes: Option<u64>,
     pub sampling_frequency_hz: Option<u32>,
     pub reporter_interval: Option<Duration>,
     pub debug_info_memory_bytes: Option<u64>,
@@ -255,7 +274,12 @@ impl Settings {
             otlp_listen_bearer_token_file: self
                 .otlp_listen_bearer_token_file
                 .or(lower.otlp_listen_bearer_token_file),
+            otlp_listen_memory_bytes: self
+                .otlp_listen_memory_bytes
+                .or(lower.otlp_listen_memory_bytes),
             pprof_dir: self.pprof_dir.or(lower.pprof_dir),
+            pprof_max_files: self.pprof_max_files.or(lower.pprof_max_files),
+            pprof_max_bytes: self.pprof_max_bytes.or(lower.pprof_max_bytes),
             sampling_frequency_hz: self.sampling_frequency_hz.or(lower.sampling_frequency_hz),
             reporter_interval: self.reporter_interval.or(lower.reporter_interval),
             debug_info_memory_bytes: self
@@ -295,8 +319,13 @@ impl Settings {
             parca: self.parca,
             parca_bearer_token_file: self.parca_bearer_token_file,
             otlp_listen_bearer_token_file: self.otlp_listen_bearer_token_file,
+            otlp_listen_memory_bytes: self
+                .otlp_listen_memory_bytes
+                .unwrap_or(DEFAULT_OTLP_LISTEN_MEMORY),
             pprof_dir,
             pprof_dir_is_default,
+            pprof_max_files: self.pprof_max_files.unwrap_or(DEFAULT_PPROF_MAX_FILES),
+            pprof_max_bytes: self.pprof_max_bytes.unwrap_or(DEFAULT_PPROF_MAX_BYTES),
             sampling_frequency_hz: self
                 .sampling_frequency_hz
                 .unwrap_or(DEFAULT_SAMPLING_FREQUENCY_HZ),
@@ -369,6 +398,22 @@ impl Config {
             Some("otlp_listen_bearer_token_file is set but otlp_listen is not")
         } else if self.parca_bearer_token_file.is_some() && self.parca.is_none() {
             Some("parca_bearer_token_file is set but parca_endpoint is not")
+        } else if self.otlp.as_ref().is_some_and(|o| o.basic_auth.is_some())
+            && (self.otlp_bearer_token.is_some()
+                || self
+                    .otlp_headers
+                    .iter()
+                    .any(|(k, _)| k.eq_ignore_ascii_case("authorization")))
+        {
+            Some(
+                "the OTLP endpoint URL has credentials and an authorization header or bearer token is set too; use one",
+            )
+        } else if self.parca.as_ref().is_some_and(|p| p.basic_auth.is_some())
+            && self.parca_bearer_token_file.is_some()
+        {
+            Some(
+                "the Parca endpoint URL has credentials and parca_bearer_token_file is set too; use one",
+            )
         } else if self.otlp_listen.is_some() && self.otlp_listen == Some(self.http_address) {
             Some("otlp_listen and http_address are the same address")
         } else if (tls.ca_file.is_some() || tls.client_cert.is_some() || tls.insecure_skip_verify)

@@ -8,7 +8,10 @@ use std::net::{Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use base64::Engine as _;
+
 use crate::OtlpEndpoint;
+use crate::export::Secret;
 
 /// The lowest accepted sampling frequency, in samples per second.
 pub const MIN_SAMPLING_FREQUENCY_HZ: u32 = 1;
@@ -33,6 +36,9 @@ pub(crate) const EXPECTED_REPORTER_INTERVAL: &str =
 pub(crate) const EXPECTED_DURATION: &str = "a duration greater than zero, like 30s, 5m or 1h30m";
 pub(crate) const EXPECTED_MEMORY_SIZE: &str =
     "a size in bytes up to 16GiB, like 64MiB, 512KiB or 0 (a plain number is bytes)";
+pub(crate) const EXPECTED_RECEIVER_MEMORY: &str =
+    "a size from 1MiB to 16GiB, like 128MiB or 1GiB (a plain number is bytes)";
+pub(crate) const EXPECTED_FILE_COUNT: &str = "a number of files from 0 (no limit) to 100000000";
 pub(crate) const EXPECTED_PID: &str = "a process ID, an integer from 1 to 2147483647";
 pub(crate) const EXPECTED_PIDS: &str =
     "a list of process IDs, integers from 1 to 2147483647, like [1234, 5678]";
@@ -107,7 +113,10 @@ pub(crate) fn otlp_endpoint(text: &str) -> Result<OtlpEndpoint, Invalid> {
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
     // Credentials, if any, precede the last '@'.
-    let host_port = authority.rsplit('@').next().unwrap_or_default();
+    let (userinfo, host_port) = match authority.rsplit_once('@') {
+        Some((userinfo, host_port)) => (Some(userinfo), host_port),
+        None => (None, authority),
+    };
     let (host, port) = if let Some(bracketed) = host_port.strip_prefix('[') {
         let Some((ip, after)) = bracketed.split_once(']') else {
             return Err(fail("the IPv6 host has no closing ']'".into()));
@@ -146,10 +155,49 @@ pub(crate) fn otlp_endpoint(text: &str) -> Result<OtlpEndpoint, Invalid> {
             "{port:?} is not a port number from 1 to 65535"
         )));
     }
+    // The URL keeps no credentials: it is logged, and gRPC clients would
+    // not send them anyway. They become a basic-auth header instead.
+    let basic_auth = match userinfo {
+        Some(userinfo) => Some(basic_auth(userinfo).map_err(fail)?),
+        None => None,
+    };
+    let path = &rest[authority.len()..];
     Ok(OtlpEndpoint {
-        url: text.to_owned(),
+        url: format!("{scheme}://{host_port}{path}"),
+        basic_auth,
         tls,
     })
+}
+
+/// `authorization: Basic …` for a URL's `user:password` (percent-encoded).
+fn basic_auth(userinfo: &str) -> Result<Secret, String> {
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let decode = |part: &str| {
+        crate::export::percent_decode(part)
+            .ok_or_else(|| "the URL's credentials have a malformed %-escape".to_owned())
+    };
+    let (user, password) = (decode(user)?, decode(password)?);
+    if user.is_empty() {
+        return Err("the URL's credentials have an empty user name".to_owned());
+    }
+    if user.contains(':') || format!("{user}{password}").chars().any(char::is_control) {
+        return Err("the URL's credentials hold a character basic auth cannot carry".to_owned());
+    }
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    Ok(Secret::new(format!("Basic {encoded}")))
+}
+
+/// `text` with the credentials of a `scheme://user:password@host` URL
+/// replaced, so a value that may hold them can be shown in errors.
+pub fn redact_userinfo(text: &str) -> String {
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return text.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://<redacted>@{}", &rest[at + 1..]),
+        None => text.to_owned(),
+    }
 }
 
 /// Checks a pprof output directory: any non-empty path without NUL bytes.
@@ -252,6 +300,44 @@ pub(crate) fn memory_size_number(bytes: u64) -> Result<u64, Invalid> {
     Ok(bytes)
 }
 
+/// Parses the receiver's memory budget: a memory size of at least 1 MiB
+/// (below that, not even a small request fits).
+pub(crate) fn receiver_memory(text: &str) -> Result<u64, Invalid> {
+    memory_size(text)
+        .map_err(|e| Invalid {
+            expected: EXPECTED_RECEIVER_MEMORY,
+            detail: e.detail,
+        })
+        .and_then(receiver_memory_number)
+}
+
+/// Checks the receiver's memory budget given as a number of bytes.
+pub(crate) fn receiver_memory_number(bytes: u64) -> Result<u64, Invalid> {
+    if !(1 << 20..=MAX_DEBUG_INFO_MEMORY).contains(&bytes) {
+        return Err(Invalid::new(EXPECTED_RECEIVER_MEMORY));
+    }
+    Ok(bytes)
+}
+
+/// Parses a file count (0: no limit).
+pub(crate) fn file_count(text: &str) -> Result<u64, Invalid> {
+    let text = text.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Invalid::new(EXPECTED_FILE_COUNT));
+    }
+    text.parse::<u64>()
+        .map_err(|_| Invalid::new(EXPECTED_FILE_COUNT))
+        .and_then(file_count_number)
+}
+
+/// Checks a file count given as a number.
+pub(crate) fn file_count_number(n: u64) -> Result<u64, Invalid> {
+    if n > 100_000_000 {
+        return Err(Invalid::new(EXPECTED_FILE_COUNT));
+    }
+    Ok(n)
+}
+
 /// Parses the run duration: any duration greater than zero.
 pub(crate) fn run_duration(text: &str) -> Result<Duration, Invalid> {
     let duration = humantime_duration(text, EXPECTED_DURATION)?;
@@ -333,7 +419,11 @@ mod tests {
         let ok = |s: &str, tls: bool| {
             assert_eq!(
                 otlp_endpoint(s),
-                Ok(OtlpEndpoint { url: s.into(), tls }),
+                Ok(OtlpEndpoint {
+                    url: s.into(),
+                    basic_auth: None,
+                    tls
+                }),
                 "{s}"
             );
         };
@@ -343,7 +433,19 @@ mod tests {
         ok("http://127.0.0.1:4317/", false);
         ok("http://[::1]:4317", false);
         ok("https://[2001:db8::1]", true);
-        ok("http://user:pw@host:4317", false);
+        let with_credentials = otlp_endpoint("http://us%40er:p%3Aw@host:4317/v1").unwrap();
+        assert_eq!(with_credentials.url, "http://host:4317/v1");
+        assert_eq!(
+            with_credentials.basic_auth.as_ref().map(Secret::expose),
+            // base64("us@er:p:w")
+            Some("Basic dXNAZXI6cDp3")
+        );
+        assert!(!format!("{with_credentials:?}").contains("p%3Aw"));
+        assert_eq!(
+            redact_userinfo("https://u:secret@host/x?y=@"),
+            "https://<redacted>@host/x?y=@"
+        );
+        assert_eq!(redact_userinfo("http://host:1"), "http://host:1");
         for bad in [
             "",
             "localhost:4317",
@@ -362,6 +464,8 @@ mod tests {
             "http://ho st",
             " http://host",
             "http://ho$t",
+            "http://:pw@host",
+            "http://u%zz:pw@host",
         ] {
             let err = otlp_endpoint(bad).expect_err(bad);
             assert_eq!(err.expected, EXPECTED_OTLP_ENDPOINT);

@@ -92,6 +92,7 @@ fn each_flag() {
         config.otlp,
         Some(OtlpEndpoint {
             url: "https://collector:4317".into(),
+            basic_auth: None,
             tls: true
         })
     );
@@ -178,6 +179,7 @@ fn yaml_file() {
         Config {
             otlp: Some(OtlpEndpoint {
                 url: "https://otel.example.com:4317".into(),
+                basic_auth: None,
                 tls: true
             }),
             pprof_dir: Some(PathBuf::from("/srv/pprof")),
