@@ -4,11 +4,9 @@
 
 use std::{
     fmt::Write,
-    net::SocketAddr,
     sync::{Arc, Mutex, atomic::Ordering::Relaxed},
 };
 
-use anyhow::Context;
 use axum::{
     Router,
     extract::{RawQuery, State},
@@ -16,11 +14,16 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use icecore_otlp::{ExportStats, receive::ReceiverStats};
+use icecore_otlp::{
+    ExportStats, PprofDirStats,
+    receive::{Outcome, ReceiverStats},
+};
 use icecore_receiver::{Counter, ProfilerStats, interpreters::InterpreterStats};
-use tracing::{info, warn};
+use tracing::info;
 
+use crate::otlp_listen::ReceiverMetrics;
 use crate::pull::{PullError, PullHub};
+use crate::serve::{self, ListenerLimits};
 
 /// What `/metrics` reports on.
 #[derive(Clone)]
@@ -32,29 +35,43 @@ pub struct Sources {
     /// The Parca exporter's counters, when one is configured.
     pub parca: Option<Arc<ExportStats>>,
     /// The OTLP receiver's counters, when it runs.
-    pub receiver: Option<Arc<ReceiverStats>>,
+    pub receiver: Option<ReceiverMetrics>,
     /// Batches for `/debug/pprof/profile`.
     pub pull: Arc<PullHub>,
+    /// The pprof directory's retention, when pprof files are written.
+    pub pprof: Option<Arc<PprofDirStats>>,
+    /// Connections this endpoint refused at its limit.
+    pub http_refused_connections: Arc<std::sync::atomic::AtomicU64>,
 }
 
-/// Binds the address and serves until the runtime shuts down.
-pub async fn serve(address: SocketAddr, stats: Sources) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .with_context(|| format!("--http-address {address}: cannot listen"))?;
-    let bound = listener.local_addr().unwrap_or(address);
+/// Serves the endpoints on `listener` (bound at start-up, before the BPF
+/// programs load) until the runtime shuts down.
+pub fn serve(listener: tokio::net::TcpListener, stats: Sources) {
+    let bound = listener
+        .local_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
     info!("serving /metrics and /healthz on http://{bound} (and /debug/pprof/profile)");
+    let refused = stats.http_refused_connections.clone();
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/debug/pprof/profile", get(pprof_profile))
         .with_state(stats);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            warn!("HTTP endpoint stopped: {e}");
-        }
-    });
-    Ok(())
+    serve::spawn(
+        listener,
+        ListenerLimits::default(),
+        refused,
+        "HTTP endpoint",
+        move |request| {
+            let app = app.clone();
+            async move {
+                match tower::ServiceExt::oneshot(app, request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
+            }
+        },
+    );
 }
 
 async fn pprof_profile(State(sources): State<Sources>, RawQuery(query): RawQuery) -> Response {
@@ -101,32 +118,81 @@ async fn metrics(State(sources): State<Sources>) -> impl IntoResponse {
     if let Some(receiver) = &sources.receiver {
         render_receiver(&mut text, receiver);
     }
+    if let Some(pprof) = &sources.pprof {
+        for (name, help, value) in [
+            (
+                "icecore_pprof_removed_files_total",
+                "pprof files removed, oldest first, to keep the directory within its retention.",
+                &pprof.removed_files,
+            ),
+            (
+                "icecore_pprof_removed_bytes_total",
+                "Bytes of the pprof files removed for retention.",
+                &pprof.removed_bytes,
+            ),
+        ] {
+            let _ = writeln!(
+                text,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                value.load(Relaxed)
+            );
+        }
+    }
+    let refused = sources.http_refused_connections.load(Relaxed);
+    let _ = writeln!(
+        text,
+        "# HELP icecore_http_refused_connections_total Connections to this endpoint closed at once because it had its maximum open.\n# TYPE icecore_http_refused_connections_total counter\nicecore_http_refused_connections_total {refused}"
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
 /// Prometheus text exposition of the OTLP receiver's counters.
-fn render_receiver(out: &mut String, stats: &ReceiverStats) {
+fn render_receiver(out: &mut String, receiver: &ReceiverMetrics) {
+    let stats: &ReceiverStats = &receiver.stats;
     let _ = writeln!(
         out,
         "# HELP icecore_receiver_requests_total OTLP requests received, by outcome.\n# TYPE icecore_receiver_requests_total counter"
     );
-    for (outcome, counter) in [
-        ("accepted", &stats.accepted_requests),
-        ("invalid", &stats.invalid_requests),
-        ("unauthenticated", &stats.unauthenticated_requests),
-        ("overloaded", &stats.overloaded_requests),
-    ] {
+    for outcome in Outcome::ALL {
         let _ = writeln!(
             out,
-            "icecore_receiver_requests_total{{outcome=\"{outcome}\"}} {}",
-            counter.load(Relaxed)
+            "icecore_receiver_requests_total{{outcome=\"{}\"}} {}",
+            outcome.name(),
+            stats.requests(outcome)
         );
     }
-    let _ = writeln!(
-        out,
-        "# HELP icecore_receiver_samples_total Samples in accepted OTLP requests.\n# TYPE icecore_receiver_samples_total counter\nicecore_receiver_samples_total {}",
-        stats.accepted_samples.load(Relaxed)
-    );
+    let scalars = [
+        (
+            "icecore_receiver_samples_total",
+            "counter",
+            "Samples in accepted OTLP requests.",
+            stats.accepted_samples.load(Relaxed),
+        ),
+        (
+            "icecore_receiver_memory_bytes",
+            "gauge",
+            "Memory held by received requests (read, decoded or waiting for the sinks).",
+            receiver.budget.used() as u64,
+        ),
+        (
+            "icecore_receiver_memory_limit_bytes",
+            "gauge",
+            "The receiver's memory budget.",
+            receiver.budget.limit() as u64,
+        ),
+        (
+            "icecore_receiver_refused_connections_total",
+            "counter",
+            "Connections to the receiver closed at once because it had its maximum open.",
+            receiver.refused_connections.load(Relaxed),
+        ),
+    ];
+    for (name, kind, help, value) in scalars {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
 }
 
 /// Prometheus text exposition of an exporter's counters, as
@@ -166,6 +232,12 @@ fn render_export(out: &mut String, sink: &str, stats: &ExportStats) {
             "counter",
             "Profiles the endpoint reported rejected (partial success).",
             &stats.rejected_profiles,
+        ),
+        (
+            "dropped_requests_total",
+            "counter",
+            "Requests dropped (queue full, refused, retries exhausted, unsent at shutdown).",
+            &stats.dropped_requests,
         ),
         (
             "retries_total",

@@ -3,13 +3,15 @@
 //! The binary only wires the eBPF source (`icecore-receiver`) to the sinks
 //! (`icecore-otlp`) according to the settings (`icecore-config`).
 
+mod allocator;
 mod http;
 mod otlp_listen;
 mod pull;
+mod serve;
 mod shutdown;
 mod sinks;
 
-use std::{io::IsTerminal, process::ExitCode};
+use std::{io::IsTerminal, process::ExitCode, sync::Arc};
 
 use anyhow::Context;
 use icecore_config::{Config, ConfigError};
@@ -23,6 +25,7 @@ use tracing_subscriber::EnvFilter;
 const BATCH_QUEUE: usize = 4;
 
 fn main() -> ExitCode {
+    allocator::tune();
     let config = match Config::from_args(std::env::args_os()) {
         Ok(config) => config,
         Err(ConfigError::Cli(e)) => e.exit(),
@@ -69,15 +72,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
         info!("{line}");
     }
 
-    let sampler = SamplerOptions {
-        frequency_hz: config.sampling_frequency_hz,
-        pids: config.pids.clone(),
-    };
-    let mut options = ProfilerOptions::new(sampler, config.reporter_interval);
-    options.symbolizer.max_debug_bytes = config.debug_info_memory_bytes;
-    let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;
-    let mut receiver_stats = None;
-    let received = match config.otlp_listen {
+    // Listeners and tokens before the BPF programs: a port in use or an
+    // unreadable token is reported before anything is loaded.
+    let http_listener = serve::bind(config.http_address, "--http-address").await?;
+    let otlp_listener = match config.otlp_listen {
         Some(address) => {
             let auth = match &config.otlp_listen_bearer_token_file {
                 Some(path) => icecore_otlp::receive::ReceiverAuth::bearer(
@@ -87,23 +85,57 @@ async fn run(config: Config) -> anyhow::Result<()> {
                 ),
                 None => icecore_otlp::receive::ReceiverAuth::default(),
             };
+            Some((serve::bind(address, "--otlp-listen").await?, auth))
+        }
+        None => None,
+    };
+
+    let sampler = SamplerOptions {
+        frequency_hz: config.sampling_frequency_hz,
+        pids: config.pids.clone(),
+    };
+    let mut options = ProfilerOptions::new(sampler, config.reporter_interval);
+    options.symbolizer.max_debug_bytes = config.debug_info_memory_bytes;
+    let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;
+    let mut receiver = None;
+    let received = match otlp_listener {
+        Some((listener, auth)) => {
             let (tx, rx) = mpsc::channel(otlp_listen::FORWARD_QUEUE);
-            receiver_stats = Some(otlp_listen::serve(address, auth, tx).await?);
+            receiver = Some(otlp_listen::serve(
+                listener,
+                auth,
+                icecore_otlp::receive::ReceiverOptions {
+                    memory_bytes: usize::try_from(config.otlp_listen_memory_bytes)
+                        .unwrap_or(usize::MAX),
+                    ..Default::default()
+                },
+                tx,
+            ));
             Some(rx)
         }
         None => None,
     };
     http::serve(
-        config.http_address,
+        http_listener,
         http::Sources {
             profiler: profiler.stats(),
             otlp: sinks.otlp_stats(),
             parca: sinks.parca_stats(),
-            receiver: receiver_stats,
+            receiver,
             pull: sinks.pull_hub(),
+            pprof: sinks.pprof_stats(),
+            http_refused_connections: Arc::default(),
         },
-    )
-    .await?;
+    );
+    // Memory freed after a burst (a batch, a large table, received
+    // requests) goes back to the kernel within this period.
+    tokio::spawn(async {
+        let mut every = tokio::time::interval(allocator::TRIM_INTERVAL);
+        loop {
+            every.tick().await;
+            let _ = tokio::task::spawn_blocking(allocator::trim).await;
+        }
+    });
     let (batches_tx, batches_rx) = mpsc::channel(BATCH_QUEUE);
     let sink_task = tokio::spawn(sinks.run(batches_rx, received));
     let stats = profiler
@@ -125,8 +157,15 @@ async fn run(config: Config) -> anyhow::Result<()> {
     );
     if sink_report.batches_failed > 0 {
         warn!(
-            "{} batches could not be exported",
+            "{} deliveries failed (pprof files or export requests)",
             sink_report.batches_failed
+        );
+    }
+    if sink_report.a_sink_got_nothing {
+        anyhow::bail!(
+            "no profile reached a configured endpoint during the run ({} OTLP and {} Parca samples dropped); see the warnings above",
+            sink_report.otlp_samples_dropped,
+            sink_report.parca_samples_dropped
         );
     }
     Ok(())

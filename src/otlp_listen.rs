@@ -1,116 +1,86 @@
-//! The OTLP Profiles receiver on `--otlp-listen`: gRPC `ProfilesService` and
-//! OTLP/HTTP `POST /v1development/profiles` on one port, feeding the sinks.
+//! The OTLP Profiles receiver on `--otlp-listen`: gRPC `ProfilesService`
+//! and OTLP/HTTP `POST /v1development/profiles` on one port, feeding the
+//! sinks. Admission (token, body, memory, decoding) is the receiver's
+//! (`icecore_otlp::receive`); the connections are `serve`'s.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::sync::{Arc, atomic::AtomicU64};
 
-use anyhow::Context;
-use axum::{
-    Router,
-    body::Bytes,
-    extract::{DefaultBodyLimit, State},
-    http::{HeaderMap, StatusCode, header},
-    response::IntoResponse,
-    routing::post,
-};
+use bytes::Bytes;
+use hyper::{Request, Response, StatusCode, body::Incoming, header};
 use icecore_otlp::receive::{
-    HTTP_PATH, ProfilesReceiver, ReceiveLimits, ReceivedProfiles, ReceiverAuth, ReceiverStats,
-    accept_http,
+    HTTP_PATH, MemoryBudget, ProfilesReceiver, ReceivedProfiles, ReceiverAuth, ReceiverOptions,
+    ReceiverStats, UnaryBody,
 };
-use tokio::sync::mpsc;
-use tower::{ServiceBuilder, limit::GlobalConcurrencyLimitLayer};
-use tracing::{info, warn};
+use tokio::{net::TcpListener, sync::mpsc};
+use tracing::info;
 
-/// Requests handled at once; more wait for a slot, which bounds the memory
-/// that decoding requests can take to this many times the message limit
-/// (16 MiB), plus what decoding expands them to.
-const MAX_CONCURRENT_REQUESTS: usize = 4;
+use crate::serve::{self, ListenerLimits};
+
 /// Accepted requests waiting for the sinks; more are refused with
-/// RESOURCE_EXHAUSTED, and the sender retries.
+/// RESOURCE_EXHAUSTED, and the sender retries. (Their memory is also held
+/// in the receiver's budget until the sinks are done with them.)
 pub const FORWARD_QUEUE: usize = 16;
 
-const GRPC_SERVICE_PATH: &str =
-    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/{*method}";
+/// What `/metrics` reads of a running receiver.
+#[derive(Clone)]
+pub struct ReceiverMetrics {
+    /// Requests by outcome, and samples.
+    pub stats: Arc<ReceiverStats>,
+    /// Memory held by requests.
+    pub budget: Arc<MemoryBudget>,
+    /// Connections refused at the listener's limit.
+    pub refused_connections: Arc<AtomicU64>,
+}
 
-/// Binds `address` and serves until the runtime stops; returns the
-/// receiver's counters.
-pub async fn serve(
-    address: SocketAddr,
+/// Serves the receiver on `listener` (bound at start-up, before the BPF
+/// programs load) until the runtime stops.
+pub fn serve(
+    listener: TcpListener,
     auth: ReceiverAuth,
+    options: ReceiverOptions,
     forward: mpsc::Sender<ReceivedProfiles>,
-) -> anyhow::Result<Arc<ReceiverStats>> {
-    let limits = ReceiveLimits::default();
-    let receiver = ProfilesReceiver::new(forward, auth, limits);
-    let stats = receiver.stats();
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .with_context(|| format!("--otlp-listen {address}: cannot listen"))?;
-    let bound = listener.local_addr().unwrap_or(address);
-    let app = Router::new()
-        .route(HTTP_PATH, post(http_export))
-        .route_service(
-            GRPC_SERVICE_PATH,
-            ServiceBuilder::new()
-                .map_response(oversized_is_invalid_argument)
-                .service(receiver.clone().into_service()),
-        )
-        .layer(DefaultBodyLimit::max(limits.max_message_bytes))
-        .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
-        .with_state(receiver);
-    info!("receiving OTLP profiles on {bound} (gRPC, and HTTP at {HTTP_PATH})");
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            warn!("OTLP receiver stopped: {e}");
-        }
-    });
-    Ok(stats)
-}
-
-/// tonic refuses a message over the size limit with `OUT_OF_RANGE` before
-/// the service sees it; for the receiver that is a bad request like any
-/// other, so it answers `INVALID_ARGUMENT` (its message, naming the size and
-/// the limit, is kept). The status of such an early refusal is in the
-/// response headers (a trailers-only response).
-fn oversized_is_invalid_argument<B>(
-    mut response: axum::http::Response<B>,
-) -> axum::http::Response<B> {
-    const OUT_OF_RANGE: &str = "11";
-    const INVALID_ARGUMENT: &str = "3";
-    let headers = response.headers_mut();
-    if headers
-        .get("grpc-status")
-        .is_some_and(|v| v == OUT_OF_RANGE)
-    {
-        headers.insert(
-            "grpc-status",
-            axum::http::HeaderValue::from_static(INVALID_ARGUMENT),
-        );
-    }
-    response
-}
-
-async fn http_export(
-    State(receiver): State<ProfilesReceiver>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> impl IntoResponse {
-    let header = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
-    let result = accept_http(
-        &receiver,
-        header(header::CONTENT_TYPE),
-        header(header::CONTENT_ENCODING),
-        header(header::AUTHORIZATION),
-        &body,
-    );
-    let (status, body) = match result {
-        Ok(response) => (StatusCode::OK, response),
-        Err(e) => (
-            StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
-            e.body,
-        ),
+) -> ReceiverMetrics {
+    let receiver = ProfilesReceiver::new(forward, auth, options);
+    let metrics = ReceiverMetrics {
+        stats: receiver.stats(),
+        budget: receiver.budget(),
+        refused_connections: Arc::default(),
     };
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/x-protobuf")],
-        body,
-    )
+    let bound = listener
+        .local_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    info!("receiving OTLP profiles on {bound} (gRPC, and HTTP at {HTTP_PATH})");
+    serve::spawn(
+        listener,
+        ListenerLimits::default(),
+        metrics.refused_connections.clone(),
+        "OTLP receiver",
+        move |request: Request<Incoming>| {
+            let receiver = receiver.clone();
+            async move { route(&receiver, request).await }
+        },
+    );
+    metrics
+}
+
+async fn route(receiver: &ProfilesReceiver, request: Request<Incoming>) -> Response<UnaryBody> {
+    if request.uri().path() == HTTP_PATH {
+        return receiver.http(request).await;
+    }
+    let grpc = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/grpc"));
+    if grpc {
+        return receiver.grpc(request).await;
+    }
+    let mut response = Response::new(UnaryBody::new(
+        Bytes::from_static(
+            b"not found: OTLP profiles go to POST /v1development/profiles or gRPC\n",
+        ),
+        None,
+    ));
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
 }

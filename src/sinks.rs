@@ -9,8 +9,10 @@ use anyhow::Context;
 use icecore_config::{BearerToken, Config, OtlpCompression};
 use icecore_otlp::{
     Compression, ExportPipeline, ExportStats, OtlpExporter, OtlpExporterOptions, OtlpPipeline,
-    ParcaExporter, ParcaOptions, PprofDirWriter, QueueLimits, ResourceAttributes, RetryPolicy,
-    TlsOptions, model::ProfileBatch, receive::ReceivedProfiles,
+    ParcaExporter, ParcaOptions, PprofDirStats, PprofDirWriter, PprofRetention, QueueLimits,
+    ResourceAttributes, RetryPolicy, TlsOptions,
+    model::ProfileBatch,
+    receive::{ReceivedProfiles, Reservation},
 };
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -35,19 +37,42 @@ pub struct Sinks {
 /// What the sinks did over the run.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SinkReport {
-    /// Batch deliveries that succeeded (pprof files written, OTLP requests accepted).
+    /// Deliveries that succeeded (pprof files written, OTLP and Parca
+    /// requests accepted).
     pub batches_ok: u64,
-    /// Batch deliveries that failed.
+    /// Deliveries that failed (pprof files not written, OTLP and Parca
+    /// requests dropped).
     pub batches_failed: u64,
     /// Samples the OTLP exporter could not deliver.
     pub otlp_samples_dropped: u64,
     /// Samples the Parca exporter could not deliver.
     pub parca_samples_dropped: u64,
+    /// Whether some push sink delivered nothing at all while dropping
+    /// samples: the run's profiles never reached it.
+    pub a_sink_got_nothing: bool,
+}
+
+impl SinkReport {
+    /// Adds a push pipeline's final counts; `dropped` stores its dropped samples.
+    fn add_pipeline(&mut self, stats: &ExportStats, dropped: impl Fn(&mut Self, u64)) {
+        let sent = stats.sent_requests.load(Relaxed);
+        let samples = stats.dropped_samples();
+        self.batches_ok += sent;
+        self.batches_failed += stats.dropped_requests.load(Relaxed);
+        dropped(self, samples);
+        if sent == 0 && samples > 0 {
+            self.a_sink_got_nothing = true;
+        }
+    }
 }
 
 /// The exporter options the settings describe.
 fn otlp_options(config: &Config, url: &str) -> OtlpExporterOptions {
     let mut headers = config.otlp_headers.clone();
+    // Config refuses URL credentials together with another authorization.
+    if let Some(basic) = config.otlp.as_ref().and_then(|o| o.basic_auth.as_ref()) {
+        headers.push(("authorization".to_owned(), basic.expose().to_owned()));
+    }
     let mut bearer_token_file = None;
     match &config.otlp_bearer_token {
         // Re-read by the exporter, so a rotated token is followed.
@@ -135,6 +160,9 @@ impl Sinks {
         let parca = match &config.parca {
             Some(endpoint) => {
                 let mut headers = Vec::new();
+                if let Some(basic) = &endpoint.basic_auth {
+                    headers.push(("authorization".to_owned(), basic.expose().to_owned()));
+                }
                 if let Some(path) = &config.parca_bearer_token_file {
                     let token = read_token(path)
                         .with_context(|| format!("--parca-bearer-token-file {}", path.display()))?;
@@ -155,8 +183,14 @@ impl Sinks {
         };
         let pprof = match &config.pprof_dir {
             Some(dir) => Some(Arc::new(
-                PprofDirWriter::new(dir.clone())
-                    .with_context(|| format!("--pprof-dir {}", dir.display()))?,
+                PprofDirWriter::new(
+                    dir.clone(),
+                    PprofRetention {
+                        max_files: config.pprof_max_files,
+                        max_bytes: config.pprof_max_bytes,
+                    },
+                )
+                .with_context(|| format!("--pprof-dir {}", dir.display()))?,
             )),
             None => None,
         };
@@ -206,19 +240,40 @@ impl Sinks {
         self.parca.as_ref().map(ExportPipeline::stats)
     }
 
+    /// The pprof directory's retention counters, when there is one.
+    pub fn pprof_stats(&self) -> Option<Arc<PprofDirStats>> {
+        self.pprof.as_ref().map(|w| w.stats())
+    }
+
     /// Delivers batches until the source closes the channel, then sends
     /// what the OTLP queue still holds.
+    ///
+    /// Received profiles are forwarded to OTLP as they come; for the
+    /// model's sinks (pprof, Parca, pulls) they are merged per sending host
+    /// and delivered with each local batch, so a busy relay writes a few
+    /// files per interval rather than one per request.
     pub async fn run(
         self,
         mut batches: mpsc::Receiver<ProfileBatch>,
         mut received: Option<mpsc::Receiver<ReceivedProfiles>>,
     ) -> SinkReport {
         let mut report = SinkReport::default();
+        let mut pending = ReceivedBatches::default();
+        let merge_received = self.pprof.is_some() || self.parca.is_some();
         loop {
             // Local batches until the source stops; received OTLP meanwhile.
-            let delivery = tokio::select! {
+            tokio::select! {
                 batch = batches.recv() => match batch {
-                    Some(batch) => Delivery::Local(batch),
+                    Some(batch) => {
+                        if let Some(otlp) = &self.otlp {
+                            // Queued; the pipeline sends, retries and counts.
+                            otlp.submit(&batch);
+                        }
+                        self.deliver(batch, &mut report).await;
+                        for (batch, _held) in pending.take() {
+                            self.deliver(batch, &mut report).await;
+                        }
+                    }
                     None => break,
                 },
                 Some(profiles) = async {
@@ -226,30 +281,19 @@ impl Sinks {
                         Some(rx) => rx.recv().await,
                         None => std::future::pending().await,
                     }
-                } => Delivery::Received(profiles),
-            };
-            let batch = match delivery {
-                Delivery::Local(batch) => {
-                    if let Some(otlp) = &self.otlp {
-                        // Queued; the pipeline sends, retries and counts.
-                        otlp.submit(&batch);
-                    }
-                    batch
-                }
-                Delivery::Received(profiles) => {
+                } => {
                     if let Some(otlp) = &self.otlp {
                         // Forwarded as received: its resources are the sender's.
-                        otlp.submit_encoded(profiles.body, profiles.samples);
+                        otlp.submit_encoded(profiles.body.clone(), profiles.samples);
                     }
-                    profiles.converted.batch
+                    if merge_received {
+                        pending.add(profiles);
+                    }
                 }
-            };
-            if let Some(parca) = &self.parca {
-                parca.submit(&batch);
             }
-            let batch = Arc::new(batch);
-            self.pull.publish(batch.clone());
-            self.write_pprof(batch, &mut report).await;
+        }
+        for (batch, _held) in pending.take() {
+            self.deliver(batch, &mut report).await;
         }
         // Both pipelines flush at once, within one grace period.
         let otlp = async {
@@ -266,14 +310,22 @@ impl Sinks {
         };
         let (otlp, parca) = tokio::join!(otlp, parca);
         if let Some(stats) = otlp {
-            report.batches_ok += stats.sent_requests.load(Relaxed);
-            report.otlp_samples_dropped = stats.dropped_samples();
+            report.add_pipeline(&stats, |r, dropped| r.otlp_samples_dropped = dropped);
         }
         if let Some(stats) = parca {
-            report.batches_ok += stats.sent_requests.load(Relaxed);
-            report.parca_samples_dropped = stats.dropped_samples();
+            report.add_pipeline(&stats, |r, dropped| r.parca_samples_dropped = dropped);
         }
         report
+    }
+
+    /// Hands a batch of the model to Parca, the pulls and the pprof directory.
+    async fn deliver(&self, batch: ProfileBatch, report: &mut SinkReport) {
+        if let Some(parca) = &self.parca {
+            parca.submit(&batch);
+        }
+        let batch = Arc::new(batch);
+        self.pull.publish(batch.clone());
+        self.write_pprof(batch, report).await;
     }
 
     async fn write_pprof(&self, batch: Arc<ProfileBatch>, report: &mut SinkReport) {
@@ -290,7 +342,7 @@ impl Sinks {
             Ok(Ok(None)) => {}
             Ok(Err(e)) => {
                 report.batches_failed += 1;
-                warn!("writing pprof failed: {e}");
+                warn!("writing pprof failed: {}", error_chain(&e));
             }
             Err(e) => {
                 report.batches_failed += 1;
@@ -300,10 +352,50 @@ impl Sinks {
     }
 }
 
-/// What reaches the sinks.
-enum Delivery {
-    /// A batch of this host's profiler.
-    Local(ProfileBatch),
-    /// A request the OTLP receiver accepted.
-    Received(ReceivedProfiles),
+/// `error: cause: cause…`, so the OS error behind a failure is never lost.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Received profiles waiting for the next local batch, merged per sending
+/// host, with the receiver memory they hold.
+#[derive(Default)]
+struct ReceivedBatches {
+    by_host: Vec<(ProfileBatch, Vec<Reservation>)>,
+}
+
+impl ReceivedBatches {
+    fn add(&mut self, profiles: ReceivedProfiles) {
+        let batch = profiles.converted.batch;
+        if batch.processes.is_empty() {
+            return;
+        }
+        let reservation = profiles.reservation;
+        match self
+            .by_host
+            .iter_mut()
+            .find(|(merged, _)| merged.host_name == batch.host_name)
+        {
+            Some((merged, held)) => {
+                merged.merge(batch);
+                held.extend(reservation);
+            }
+            None => self
+                .by_host
+                .push((batch, reservation.into_iter().collect())),
+        }
+    }
+
+    /// The merged batches, each with the receiver memory it holds until
+    /// it has been delivered.
+    fn take(&mut self) -> Vec<(ProfileBatch, Vec<Reservation>)> {
+        std::mem::take(&mut self.by_host)
+    }
 }

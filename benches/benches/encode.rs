@@ -146,12 +146,12 @@ fn batch() -> ProfileBatch {
         remaining -= n;
         let process = rng.below(PROCESSES);
         let thread = rng.below(threads.len());
-        processes[process].samples.push(SampleGroup {
-            stack: stacks[rng.below(stacks.len())].clone(),
-            thread_id: 1000 + (process * 100 + thread) as u32,
-            thread_name: threads[thread].clone(),
-            timestamps_unix_nanos: (0..n).map(|_| START + rng.next() % DURATION).collect(),
-        });
+        processes[process].samples.push(SampleGroup::timed(
+            stacks[rng.below(stacks.len())].clone(),
+            1000 + (process * 100 + thread) as u32,
+            threads[thread].clone(),
+            (0..n).map(|_| START + rng.next() % DURATION).collect(),
+        ));
     }
     ProfileBatch {
         start_unix_nanos: START,
@@ -165,7 +165,7 @@ fn batch() -> ProfileBatch {
 fn encode(c: &mut Criterion) {
     let batch = batch();
     let mut group = c.benchmark_group("encode");
-    group.throughput(Throughput::Elements(batch.sample_count() as u64));
+    group.throughput(Throughput::Elements(batch.sample_count()));
     group.bench_function("otlp_request", |b| {
         b.iter(|| encode_request(black_box(&batch), "0.1.0"))
     });

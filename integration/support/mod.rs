@@ -19,6 +19,7 @@ pub mod pprof;
 pub mod python;
 pub mod python_otlp;
 pub mod receiver;
+pub mod receiver_client;
 pub mod run;
 pub mod summary;
 

@@ -98,9 +98,38 @@ pub struct SampleGroup {
     pub thread_id: u32,
     /// Thread name, the kernel's `comm` (`thread.name`).
     pub thread_name: Arc<str>,
-    /// One timestamp (Unix epoch nanoseconds) per sample, inside the batch window.
-    /// Never empty.
+    /// One timestamp (Unix epoch nanoseconds) per sample, inside the batch
+    /// window, when the source timed each sample (the eBPF source always
+    /// does); empty for samples known only by their number (OTLP received
+    /// with values only), so a count never turns into per-sample memory.
     pub timestamps_unix_nanos: Vec<u64>,
+    /// Samples in the group: `timestamps_unix_nanos.len()` when timed.
+    /// A group with no samples is never built.
+    pub count: u64,
+}
+
+impl SampleGroup {
+    /// A group of timed samples: one per timestamp.
+    pub fn timed(
+        stack: Stack,
+        thread_id: u32,
+        thread_name: Arc<str>,
+        timestamps_unix_nanos: Vec<u64>,
+    ) -> Self {
+        let count = timestamps_unix_nanos.len() as u64;
+        Self {
+            stack,
+            thread_id,
+            thread_name,
+            timestamps_unix_nanos,
+            count,
+        }
+    }
+
+    /// Whether each sample has its own timestamp.
+    pub fn is_timed(&self) -> bool {
+        !self.timestamps_unix_nanos.is_empty()
+    }
 }
 
 /// All samples of one process within the batch window.
@@ -130,18 +159,117 @@ pub struct ProfileBatch {
 
 impl ProfileBatch {
     /// Total number of samples in the batch.
-    pub fn sample_count(&self) -> usize {
+    pub fn sample_count(&self) -> u64 {
         self.processes
             .iter()
             .flat_map(|p| &p.samples)
-            .map(|s| s.timestamps_unix_nanos.len())
+            .map(|s| s.count)
             .sum()
+    }
+}
+
+impl ProfileBatch {
+    /// Adds `other`'s samples: its processes join this batch's (a process
+    /// already here gets the other's sample groups), and the window grows to
+    /// cover both. The period stays this batch's unless it has none.
+    pub fn merge(&mut self, other: ProfileBatch) {
+        let end = (self.start_unix_nanos.saturating_add(self.duration_nanos))
+            .max(other.start_unix_nanos.saturating_add(other.duration_nanos));
+        if self.processes.is_empty() && self.duration_nanos == 0 {
+            self.start_unix_nanos = other.start_unix_nanos;
+        }
+        self.start_unix_nanos = self.start_unix_nanos.min(other.start_unix_nanos);
+        self.duration_nanos = end - self.start_unix_nanos;
+        if self.period_nanos == 0 {
+            self.period_nanos = other.period_nanos;
+        }
+        let mut index: std::collections::HashMap<ProcessInfo, usize> = self
+            .processes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.process.clone(), i))
+            .collect();
+        for process in other.processes {
+            match index.get(&process.process) {
+                Some(&i) => self.processes[i].samples.extend(process.samples),
+                None => {
+                    index.insert(process.process.clone(), self.processes.len());
+                    self.processes.push(process);
+                }
+            }
+        }
+    }
+}
+
+impl ProfileBatch {
+    /// Heap memory the batch holds, about: every shared stack, frame,
+    /// mapping and string counted once, plus each allocation's overhead.
+    /// What budgets that hold batches (the receiver's, a history) charge.
+    pub fn heap_bytes(&self) -> usize {
+        use std::collections::HashSet;
+        use std::mem::size_of;
+        const OVERHEAD: usize = 16;
+        let mut seen: HashSet<*const u8> = HashSet::new();
+        let mut bytes = self.processes.capacity() * size_of::<ProcessProfile>();
+        let string = |s: &Arc<str>, seen: &mut HashSet<*const u8>| {
+            if seen.insert(s.as_ptr()) {
+                s.len() + 2 * size_of::<usize>() + OVERHEAD
+            } else {
+                0
+            }
+        };
+        bytes += string(&self.host_name, &mut seen);
+        for process in &self.processes {
+            let info = &process.process;
+            for s in [
+                &info.executable_name,
+                &info.executable_path,
+                &info.service_name,
+            ] {
+                bytes += string(s, &mut seen);
+            }
+            bytes += process.samples.capacity() * size_of::<SampleGroup>() + OVERHEAD;
+            for group in &process.samples {
+                bytes += group.timestamps_unix_nanos.capacity() * size_of::<u64>();
+                bytes += string(&group.thread_name, &mut seen);
+                if !seen.insert(group.stack.as_ptr().cast()) {
+                    continue;
+                }
+                bytes += group.stack.len() * size_of::<Arc<Frame>>() + 2 * size_of::<usize>();
+                bytes += OVERHEAD;
+                for frame in group.stack.iter() {
+                    if !seen.insert(Arc::as_ptr(frame).cast()) {
+                        continue;
+                    }
+                    bytes += size_of::<Frame>() + 2 * size_of::<usize>() + OVERHEAD;
+                    bytes += frame.lines.capacity() * size_of::<Line>();
+                    for line in &frame.lines {
+                        bytes += string(&line.function_name, &mut seen);
+                        bytes += string(&line.system_name, &mut seen);
+                        if let Some(f) = &line.filename {
+                            bytes += string(f, &mut seen);
+                        }
+                    }
+                    if let Some(mapping) = &frame.mapping
+                        && seen.insert(Arc::as_ptr(mapping).cast())
+                    {
+                        bytes += size_of::<Mapping>() + 2 * size_of::<usize>() + OVERHEAD;
+                        bytes += string(&mapping.filename, &mut seen);
+                        if let Some(id) = &mapping.build_id {
+                            bytes += string(id, &mut seen);
+                        }
+                    }
+                }
+            }
+        }
+        bytes
     }
 }
 
 impl ProfileBatch {
     /// The samples of `batches` whose timestamps fall in `[start, end)`, as
     /// one batch over that window (for a pull of "the next N seconds").
+    /// Untimed groups count as taken at their batch's start.
     /// Processes and sample groups are concatenated, not merged: encoders
     /// deduplicate stacks anyway. `period_nanos` and `host_name` come from
     /// the first batch.
@@ -153,6 +281,11 @@ impl ProfileBatch {
                     .samples
                     .iter()
                     .filter_map(|group| {
+                        if !group.is_timed() {
+                            return (start..end)
+                                .contains(&batch.start_unix_nanos)
+                                .then(|| group.clone());
+                        }
                         let timestamps: Vec<u64> = group
                             .timestamps_unix_nanos
                             .iter()
@@ -160,6 +293,7 @@ impl ProfileBatch {
                             .filter(|t| (start..end).contains(t))
                             .collect();
                         (!timestamps.is_empty()).then(|| SampleGroup {
+                            count: timestamps.len() as u64,
                             timestamps_unix_nanos: timestamps,
                             ..group.clone()
                         })
@@ -194,6 +328,26 @@ mod tests {
     use crate::test_fixtures;
 
     #[test]
+    fn merging_keeps_every_sample_and_widens_the_window() {
+        let a = test_fixtures::batch();
+        let mut b = test_fixtures::batch();
+        b.start_unix_nanos += 5_000_000_000;
+        let mut merged = a.clone();
+        merged.merge(b.clone());
+        assert_eq!(merged.sample_count(), a.sample_count() + b.sample_count());
+        assert_eq!(
+            merged.processes.len(),
+            a.processes.len(),
+            "same processes joined"
+        );
+        assert_eq!(merged.start_unix_nanos, a.start_unix_nanos);
+        assert_eq!(
+            merged.start_unix_nanos + merged.duration_nanos,
+            b.start_unix_nanos + b.duration_nanos
+        );
+    }
+
+    #[test]
     fn window_of_keeps_only_timestamps_inside() {
         let batch = Arc::new(test_fixtures::batch());
         let all: Vec<u64> = batch
@@ -204,7 +358,7 @@ mod tests {
             .collect();
         let (lo, hi) = (*all.iter().min().unwrap(), *all.iter().max().unwrap());
         let whole = ProfileBatch::window_of(&[batch.clone(), batch.clone()], lo, hi + 1);
-        assert_eq!(whole.sample_count(), 2 * all.len());
+        assert_eq!(whole.sample_count(), 2 * all.len() as u64);
         assert_eq!(
             whole.processes.len(),
             batch
@@ -216,7 +370,7 @@ mod tests {
         let mid = lo + (hi - lo) / 2;
         let half = ProfileBatch::window_of(&[batch], lo, mid);
         let expected = all.iter().filter(|&&t| t < mid).count();
-        assert_eq!(half.sample_count(), expected);
+        assert_eq!(half.sample_count(), expected as u64);
         assert_eq!(half.start_unix_nanos, lo);
         assert_eq!(half.duration_nanos, mid - lo);
     }

@@ -96,11 +96,13 @@ pub(crate) fn batch() -> ProfileBatch {
     let stack_b: Stack = vec![sys_read, read.clone(), main.clone()].into();
     let stack_c: Stack = vec![unsymbolized, main.clone()].into();
 
-    let group = |stack: &Stack, tid, name: &str, ts: &[u64]| SampleGroup {
-        stack: stack.clone(),
-        thread_id: tid,
-        thread_name: name.into(),
-        timestamps_unix_nanos: ts.iter().map(|t| START + t).collect(),
+    let group = |stack: &Stack, tid, name: &str, ts: &[u64]| {
+        SampleGroup::timed(
+            stack.clone(),
+            tid,
+            name.into(),
+            ts.iter().map(|t| START + t).collect(),
+        )
     };
     let info = |pid, name: &str| ProcessInfo {
         pid,

@@ -119,12 +119,12 @@ impl Aggregator {
                 .entry(key.comm)
                 .or_insert_with(|| Arc::from(comm_str(&key.comm).as_ref()))
                 .clone();
-            by_pid.entry(key.pid).or_default().push(SampleGroup {
+            by_pid.entry(key.pid).or_default().push(SampleGroup::timed(
                 stack,
-                thread_id: key.tid,
+                key.tid,
                 thread_name,
-                timestamps_unix_nanos: timestamps,
-            });
+                timestamps,
+            ));
         }
         let mut processes_out: Vec<ProcessProfile> = by_pid
             .into_iter()

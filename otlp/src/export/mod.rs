@@ -17,7 +17,7 @@ pub use grpc_client::MAX_MESSAGE_BYTES;
 pub use otlp::{Accepted, Compression, ExportOutcome, OtlpExporter, OtlpExporterOptions};
 pub use parca::{PARCA_PROFILE_NAME, ParcaExporter, ParcaOptions};
 pub use pipeline::{ExportPipeline, ExportStats, OtlpPipeline, RequestSender};
-pub use pprof_dir::PprofDirWriter;
+pub use pprof_dir::{PprofDirStats, PprofDirWriter, PprofRetention};
 pub use queue::{Dropped, ExportQueue, QueueLimits, QueuedRequest};
 pub use retry::{RetryPolicy, is_retryable};
 pub use tls::TlsOptions;

@@ -83,7 +83,7 @@ pub enum ExportOutcome {
         /// Profiles (one per process) in the request.
         profiles: usize,
         /// Samples in the request.
-        samples: usize,
+        samples: u64,
         /// Size of the request before compression.
         encoded_bytes: usize,
         /// `partial_success.rejected_profiles` from the collector; 0 when all were accepted.

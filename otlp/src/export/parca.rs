@@ -87,11 +87,7 @@ impl ParcaExporter {
         let series = batch
             .processes
             .iter()
-            .filter(|p| {
-                p.samples
-                    .iter()
-                    .any(|s| !s.timestamps_unix_nanos.is_empty())
-            })
+            .filter(|p| p.samples.iter().any(|s| s.count > 0))
             .filter_map(|process| {
                 let one = ProfileBatch {
                     start_unix_nanos: batch.start_unix_nanos,

@@ -58,6 +58,8 @@ pub struct ExportStats {
     pub dropped_rejected: AtomicU64,
     /// Samples still queued when the shutdown deadline passed.
     pub dropped_at_shutdown: AtomicU64,
+    /// Requests dropped, for any of the reasons above.
+    pub dropped_requests: AtomicU64,
     /// Requests waiting now (gauge).
     pub queued_requests: AtomicU64,
     /// Encoded bytes waiting now (gauge).
@@ -108,6 +110,9 @@ impl<S> Shared<S> {
     fn count_dropped(&self, counter: &AtomicU64, dropped: Dropped) {
         if dropped.requests > 0 {
             counter.fetch_add(dropped.samples, Relaxed);
+            self.stats
+                .dropped_requests
+                .fetch_add(dropped.requests, Relaxed);
         }
     }
 }
@@ -148,7 +153,7 @@ impl<S: RequestSender> ExportPipeline<S> {
     /// samples is not sent. When the queue is full, the oldest requests are
     /// dropped (and counted) to make room.
     pub fn submit(&self, batch: &ProfileBatch) {
-        let samples = batch.sample_count() as u64;
+        let samples = batch.sample_count();
         if samples == 0 {
             return;
         }
@@ -254,6 +259,7 @@ async fn send_loop<S: RequestSender>(shared: Arc<Shared<S>>) {
                             .stats
                             .dropped_rejected
                             .fetch_add(request.samples, Relaxed);
+                        shared.stats.dropped_requests.fetch_add(1, Relaxed);
                         break;
                     }
                     if request.queued_at.elapsed() >= shared.retry.max_elapsed {
@@ -266,6 +272,7 @@ async fn send_loop<S: RequestSender>(shared: Arc<Shared<S>>) {
                             .stats
                             .dropped_retries_exhausted
                             .fetch_add(request.samples, Relaxed);
+                        shared.stats.dropped_requests.fetch_add(1, Relaxed);
                         break;
                     }
                     draws += 1;
@@ -296,10 +303,13 @@ async fn send_loop<S: RequestSender>(shared: Arc<Shared<S>>) {
 /// Counts the request in hand and everything queued as dropped at shutdown.
 fn drop_rest<S: RequestSender>(shared: &Shared<S>, in_hand: u64) {
     let mut samples = in_hand;
+    let mut requests = 1u64;
     let mut queue = shared.queue();
     while let Some(request) = queue.pop() {
         samples += request.samples;
+        requests += 1;
     }
+    shared.stats.dropped_requests.fetch_add(requests, Relaxed);
     shared.update_gauges(&queue);
     drop(queue);
     if samples > 0 {

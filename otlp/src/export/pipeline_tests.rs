@@ -141,7 +141,7 @@ async fn nothing_is_lost_while_the_endpoint_is_down() {
     let accepted = collector.accepted.lock().unwrap();
     let tags: Vec<u64> = accepted.iter().map(|(_, r)| window_start(r)).collect();
     assert_eq!(tags, [1, 2, 3, 4, 5], "every batch, in order");
-    let samples = 5 * test_fixtures::batch().sample_count() as u64;
+    let samples = 5 * test_fixtures::batch().sample_count();
     assert_eq!(stats.sent_samples.load(Relaxed), samples);
     assert_eq!(stats.dropped_samples(), 0);
     assert_eq!(stats.queued_requests.load(Relaxed), 0);
@@ -171,7 +171,7 @@ async fn transient_errors_are_retried_and_refusals_dropped() {
     assert_eq!(*collector.calls.lock().unwrap(), 4);
     assert_eq!(stats.retries.load(Relaxed), 2);
     assert_eq!(stats.sent_requests.load(Relaxed), 1);
-    let per_batch = test_fixtures::batch().sample_count() as u64;
+    let per_batch = test_fixtures::batch().sample_count();
     assert_eq!(stats.dropped_rejected.load(Relaxed), per_batch);
     let accepted = collector.accepted.lock().unwrap();
     let (metadata, request) = &accepted[0];
@@ -189,7 +189,7 @@ async fn shutdown_gives_up_after_the_grace_period_and_counts_it() {
     let stats = pipeline.shutdown(Duration::from_millis(700)).await;
     let took = started.elapsed();
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
-    let per_batch = test_fixtures::batch().sample_count() as u64;
+    let per_batch = test_fixtures::batch().sample_count();
     assert_eq!(stats.dropped_at_shutdown.load(Relaxed), 2 * per_batch);
     assert_eq!(stats.sent_requests.load(Relaxed), 0);
     assert_eq!(stats.queued_requests.load(Relaxed), 0);

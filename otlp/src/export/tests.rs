@@ -169,7 +169,7 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
 #[test]
 fn pprof_dir_writer_writes_decodable_files() {
     let dir = temp_dir("pprof-dir");
-    let writer = PprofDirWriter::new(dir.join("nested")).unwrap();
+    let writer = PprofDirWriter::new(dir.join("nested"), Default::default()).unwrap();
     assert!(writer.dir().is_dir());
     assert_eq!(writer.write(&empty_batch()).unwrap(), None);
 
@@ -204,7 +204,7 @@ fn pprof_dir_writer_writes_decodable_files() {
     );
 
     // A new writer on the same directory does not overwrite existing files.
-    let again = PprofDirWriter::new(writer.dir().to_owned()).unwrap();
+    let again = PprofDirWriter::new(writer.dir().to_owned(), Default::default()).unwrap();
     let third = again.write(&batch).unwrap().unwrap();
     assert!(
         third.ends_with("icecore-20261122T051400Z-000002.pb.gz"),
@@ -220,7 +220,7 @@ fn pprof_dir_writer_reports_the_bad_path() {
     let file = dir.join("a-file");
     std::fs::write(&file, b"x").unwrap();
     let target = file.join("sub");
-    let err = PprofDirWriter::new(target.clone()).unwrap_err();
+    let err = PprofDirWriter::new(target.clone(), Default::default()).unwrap_err();
     assert!(matches!(err, ExportError::CreateDir { .. }), "{err}");
     assert!(err.to_string().contains(target.to_str().unwrap()), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();

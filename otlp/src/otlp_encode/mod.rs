@@ -71,11 +71,7 @@ pub fn encode_request_with(
     let resource_profiles = batch
         .processes
         .iter()
-        .filter(|p| {
-            p.samples
-                .iter()
-                .any(|s| !s.timestamps_unix_nanos.is_empty())
-        })
+        .filter(|p| p.samples.iter().any(|s| s.count > 0))
         .map(|process| {
             let profile = Profile {
                 sample_type: Some(sample_type),
@@ -127,30 +123,35 @@ pub(crate) fn window(batch: &ProfileBatch) -> (u64, u64) {
 }
 
 /// The process's samples, merging groups with the same stack and attributes.
+/// Timed groups become timestamps; untimed ones (a count only) become a
+/// value, in a sample of their own since OTLP requires a sample's values and
+/// timestamps to be of equal length when it has both.
 fn samples<'a>(dict: &mut DictBuilder<'a>, process: &'a ProcessProfile) -> Vec<Sample> {
     let mut samples: Vec<Sample> = Vec::with_capacity(process.samples.len());
-    let mut by_identity: HashMap<(i32, [i32; 2]), usize> = HashMap::new();
-    for group in process
-        .samples
-        .iter()
-        .filter(|g| !g.timestamps_unix_nanos.is_empty())
-    {
+    let mut by_identity: HashMap<(i32, [i32; 2], bool), usize> = HashMap::new();
+    for group in process.samples.iter().filter(|g| g.count > 0) {
         let stack_index = dict.stack(&group.stack);
         let attributes = [
             dict.attribute(ATTR_THREAD_NAME, AttrValue::Str(&group.thread_name)),
             dict.attribute(ATTR_THREAD_ID, AttrValue::Int(i64::from(group.thread_id))),
         ];
-        match by_identity.get(&(stack_index, attributes)) {
-            Some(&at) => samples[at]
+        let timed = group.is_timed();
+        let count = i64::try_from(group.count).unwrap_or(i64::MAX);
+        match by_identity.get(&(stack_index, attributes, timed)) {
+            Some(&at) if timed => samples[at]
                 .timestamps_unix_nano
                 .extend_from_slice(&group.timestamps_unix_nanos),
+            Some(&at) => {
+                let value = &mut samples[at].values[0];
+                *value = value.saturating_add(count);
+            }
             None => {
-                by_identity.insert((stack_index, attributes), samples.len());
+                by_identity.insert((stack_index, attributes, timed), samples.len());
                 samples.push(Sample {
                     stack_index,
                     attribute_indices: attributes.to_vec(),
                     link_index: 0,
-                    values: Vec::new(),
+                    values: if timed { Vec::new() } else { vec![count] },
                     timestamps_unix_nano: group.timestamps_unix_nanos.clone(),
                 });
             }

@@ -111,7 +111,7 @@ impl<'a> Builder<'a> {
         let pid = process.process.pid;
         let comm = self.string(&process.process.executable_name);
         for group in &process.samples {
-            let n = i64::try_from(group.timestamps_unix_nanos.len()).unwrap_or(i64::MAX);
+            let n = i64::try_from(group.count).unwrap_or(i64::MAX);
             if n == 0 {
                 continue;
             }

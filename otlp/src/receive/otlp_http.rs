@@ -1,134 +1,105 @@
-//! OTLP/HTTP: `POST /v1development/profiles` with a protobuf body, for
-//! whatever HTTP server hosts it (the binary's, next to the gRPC service).
+//! OTLP/HTTP: `POST /v1development/profiles` with a protobuf body.
 
-use std::io::Read;
-
-use flate2::read::GzDecoder;
-use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::Body;
 use prost::Message;
 
 use super::ProfilesReceiver;
+use super::body::{UnaryBody, read_body};
+use super::outcome::{Outcome, Refusal};
 
 /// The path OTLP/HTTP profiles are posted to (the collector's code uses
 /// this one, not the `/v1/profiles` its README names).
 pub const HTTP_PATH: &str = "/v1development/profiles";
 
-/// A refused OTLP/HTTP request: the status, and a protobuf
-/// `google.rpc.Status` body as the OTLP/HTTP specification asks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpError {
-    /// HTTP status code.
-    pub status: u16,
-    /// What is wrong.
-    pub message: String,
-    /// The encoded `google.rpc.Status`.
-    pub body: Vec<u8>,
-}
-
-/// `google.rpc.Status`, the error body of OTLP/HTTP.
-#[derive(Clone, PartialEq, Message)]
-struct RpcStatus {
-    #[prost(int32, tag = "1")]
-    code: i32,
-    #[prost(string, tag = "2")]
-    message: String,
-}
-
-impl HttpError {
-    fn new(status: u16, code: tonic::Code, message: impl Into<String>) -> Self {
-        let message = message.into();
-        let body = RpcStatus {
-            code: code as i32,
-            message: message.clone(),
-        }
-        .encode_to_vec();
-        Self {
-            status,
-            message,
-            body,
-        }
-    }
-
-    fn from_status(status: &tonic::Status) -> Self {
-        let http = match status.code() {
-            tonic::Code::InvalidArgument => 400,
-            tonic::Code::Unauthenticated => 401,
-            tonic::Code::ResourceExhausted => 429,
-            tonic::Code::Unavailable => 503,
-            _ => 500,
+impl ProfilesReceiver {
+    /// Serves one OTLP/HTTP request.
+    pub async fn http<B>(&self, request: Request<B>) -> Response<UnaryBody>
+    where
+        B: Body,
+        B::Error: std::fmt::Display,
+    {
+        let method_allowed = request.method() == Method::POST;
+        let result = if method_allowed {
+            self.http_export(request).await
+        } else {
+            Err(Refusal::new(
+                Outcome::Unsupported,
+                "send OTLP profiles with POST",
+            ))
         };
-        Self::new(http, status.code(), status.message())
-    }
-}
-
-/// Handles one OTLP/HTTP request; the `Ok` value is the encoded
-/// `ExportProfilesServiceResponse` to send with status 200.
-pub fn accept_http(
-    receiver: &ProfilesReceiver,
-    content_type: Option<&str>,
-    content_encoding: Option<&str>,
-    authorization: Option<&str>,
-    body: &[u8],
-) -> Result<Vec<u8>, HttpError> {
-    let media = content_type
-        .unwrap_or("")
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim();
-    if !media.eq_ignore_ascii_case("application/x-protobuf") {
-        return Err(HttpError::new(
-            415,
-            tonic::Code::InvalidArgument,
-            format!("content type {media:?} is not supported; send application/x-protobuf"),
-        ));
-    }
-    let max = receiver.limits().max_message_bytes;
-    let too_large = || {
-        HttpError::new(
-            413,
-            tonic::Code::InvalidArgument,
-            format!("the request is over the {max}-byte limit"),
-        )
-    };
-    let decompressed;
-    let raw = match content_encoding.map(str::trim) {
-        None | Some("") | Some("identity") => body,
-        Some(e) if e.eq_ignore_ascii_case("gzip") => {
-            let mut out = Vec::new();
-            GzDecoder::new(body)
-                .take(max as u64 + 1)
-                .read_to_end(&mut out)
-                .map_err(|e| {
-                    HttpError::new(
-                        400,
-                        tonic::Code::InvalidArgument,
-                        format!("bad gzip body: {e}"),
-                    )
-                })?;
-            decompressed = out;
-            &decompressed
+        self.count(&result);
+        let (status, body) = match result {
+            Ok(body) => (StatusCode::OK, body),
+            Err(refusal) => {
+                let status = if method_allowed {
+                    StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::BAD_REQUEST)
+                } else {
+                    StatusCode::METHOD_NOT_ALLOWED
+                };
+                (status, Bytes::from(refusal.rpc_status()))
+            }
+        };
+        let mut response = Response::new(UnaryBody::new(body, None));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-protobuf"),
+        );
+        match status {
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            StatusCode::METHOD_NOT_ALLOWED => {
+                headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
+            }
+            _ => {}
         }
-        Some(other) => {
-            return Err(HttpError::new(
-                415,
-                tonic::Code::InvalidArgument,
-                format!("content encoding {other:?} is not supported; use gzip or none"),
+        response
+    }
+
+    async fn http_export<B>(&self, request: Request<B>) -> Result<Bytes, Refusal>
+    where
+        B: Body,
+        B::Error: std::fmt::Display,
+    {
+        let headers = request.headers();
+        let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+        let media = text(header::CONTENT_TYPE)
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim();
+        if !media.eq_ignore_ascii_case("application/x-protobuf") {
+            return Err(Refusal::new(
+                Outcome::Unsupported,
+                format!("content type {media:?} is not supported; send application/x-protobuf"),
             ));
         }
-    };
-    if raw.len() > max {
-        return Err(too_large());
-    }
-    let request = ExportProfilesServiceRequest::decode(raw).map_err(|e| {
-        HttpError::new(
-            400,
-            tonic::Code::InvalidArgument,
-            format!("not an ExportProfilesServiceRequest: {e}"),
+        self.authorize(text(header::AUTHORIZATION))?;
+        let gzip = match text(header::CONTENT_ENCODING).map(str::trim) {
+            None | Some("" | "identity") => false,
+            Some(e) if e.eq_ignore_ascii_case("gzip") => true,
+            Some(other) => {
+                return Err(Refusal::new(
+                    Outcome::Unsupported,
+                    format!("content encoding {other:?} is not supported; use gzip or none"),
+                ));
+            }
+        };
+        let options = *self.options();
+        let mut reservation = self.budget().reservation();
+        let data = read_body(
+            request.into_body(),
+            options.limits.max_message_bytes,
+            options.body_timeout,
+            &mut reservation,
         )
-    })?;
-    receiver
-        .handle(authorization, &request)
-        .map(|response| response.encode_to_vec())
-        .map_err(|status| HttpError::from_status(&status))
+        .await?;
+        let response = self.receive(data, 0, gzip, reservation).await?;
+        Ok(Bytes::from(response.encode_to_vec()))
+    }
 }

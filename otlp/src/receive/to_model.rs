@@ -24,6 +24,8 @@ pub struct Converted {
     pub batch: ProfileBatch,
     /// Profiles left out because they are not CPU profiles.
     pub skipped_profiles: usize,
+    /// Heap memory `batch` holds ([`ProfileBatch::heap_bytes`]).
+    pub heap_bytes: usize,
 }
 
 /// Converts `request`, which [`super::validate`] accepted (indices are in
@@ -74,21 +76,31 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
                         _ => {}
                     }
                 }
-                // Values-only samples count their values; the model counts
-                // timestamps, so they get the profile's start time.
-                let timestamps = if sample.timestamps_unix_nano.is_empty() {
-                    let count: i64 = sample.values.iter().sum();
-                    vec![profile.time_unix_nano; usize::try_from(count).unwrap_or(0)]
-                } else {
-                    sample.timestamps_unix_nano.clone()
-                };
-                if !timestamps.is_empty() {
-                    samples.push(SampleGroup {
+                // Values-only samples are a count: it stays a number, however
+                // large (a timestamp per counted sample would let a few bytes
+                // of request cost megabytes).
+                let group = if sample.timestamps_unix_nano.is_empty() {
+                    let count = sample
+                        .values
+                        .iter()
+                        .fold(0u64, |sum, &v| sum.saturating_add(v.max(0).unsigned_abs()));
+                    SampleGroup {
                         stack: stack.clone(),
                         thread_id,
                         thread_name,
-                        timestamps_unix_nanos: timestamps,
-                    });
+                        timestamps_unix_nanos: Vec::new(),
+                        count,
+                    }
+                } else {
+                    SampleGroup::timed(
+                        stack.clone(),
+                        thread_id,
+                        thread_name,
+                        sample.timestamps_unix_nano.clone(),
+                    )
+                };
+                if group.count > 0 {
+                    samples.push(group);
                 }
             }
         }
@@ -115,14 +127,16 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
     if start == u64::MAX {
         start = 0;
     }
+    let batch = ProfileBatch {
+        start_unix_nanos: start,
+        duration_nanos: end.saturating_sub(start),
+        period_nanos: period,
+        host_name,
+        processes,
+    };
     Converted {
-        batch: ProfileBatch {
-            start_unix_nanos: start,
-            duration_nanos: end.saturating_sub(start),
-            period_nanos: period,
-            host_name,
-            processes,
-        },
+        heap_bytes: batch.heap_bytes(),
+        batch,
         skipped_profiles,
     }
 }
