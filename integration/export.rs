@@ -347,3 +347,126 @@ fn pull_endpoint_serves_the_next_seconds_as_pprof() {
             .all(|s| s.pid == Some(i64::from(target.pid())))
     );
 }
+
+/// `go tool pprof -top` against the pull URL, as a user would run it: every
+/// pull succeeds (symbol look-ups answered, the answer within the client's
+/// 1.5 x seconds), the fixture's functions are named, and the `File:`
+/// header is the profiled program.
+#[test]
+fn go_tool_pprof_reads_the_pull_endpoint() {
+    const TEST: &str = "go_tool_pprof_reads_the_pull_endpoint";
+    if !require_root(TEST) {
+        return;
+    }
+    let go = support::go_binary();
+    if !support::prerequisite(
+        TEST,
+        go.is_some(),
+        "needs a Go toolchain (scripts/test.sh installs one)",
+    ) {
+        return;
+    }
+    let go = go.unwrap();
+    let _serial = serial();
+    const RUN: Duration = Duration::from_secs(30);
+    let target = Target::start(Mode::Cycle);
+    let mut args = base_args_at(target.pid(), HZ);
+    // The default 10 s interval: the pull must not wait for it.
+    args.retain(|a| a != "--reporter-interval" && a != "2s");
+    args.extend(duration_args(RUN));
+    let mut icecore = Icecore::spawn(&args, target.dir());
+    let addr = icecore.http_address(Duration::from_secs(20));
+    let exe_name = target
+        .exe
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    for attempt in 0..3 {
+        let started = Instant::now();
+        let out = std::process::Command::new(&go)
+            .args(["tool", "pprof", "-top"])
+            .arg(format!("http://{addr}/debug/pprof/profile?seconds=3"))
+            .env("PPROF_TMPDIR", target.dir())
+            .env("HOME", target.dir())
+            .output()
+            .expect("run go tool pprof");
+        let took = started.elapsed();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!(
+            "pull {attempt}: exit {:?} in {took:?}\n{stdout}",
+            out.status.code()
+        );
+        assert!(out.status.success(), "go tool pprof failed:\n{stderr}");
+        assert!(
+            stdout.contains("hot_alpha"),
+            "the fixture's functions are named:\n{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("File: {exe_name}")),
+            "the File: header is the profiled program:\n{stdout}"
+        );
+        assert!(
+            took < Duration::from_secs(4) + Duration::from_millis(500),
+            "took {took:?}"
+        );
+    }
+    icecore.signal(libc::SIGTERM);
+    icecore.wait_success(EXIT_GRACE);
+}
+
+/// Credentials written into the endpoint URL are sent as basic auth and
+/// appear in no log line, INFO or WARN (an unreachable endpoint logs it).
+#[test]
+fn credentials_in_the_endpoint_url_are_sent_and_never_logged() {
+    const TEST: &str = "credentials_in_the_endpoint_url_are_sent_and_never_logged";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    const RUN: Duration = Duration::from_secs(6);
+    let target = Target::start(Mode::Cycle);
+    let receiver = OtlpReceiver::start();
+    let with_credentials = receiver
+        .endpoint()
+        .replacen("http://", "http://alice:s3cr%40t@", 1);
+    // A second run against a closed port, so the WARN path logs the URL too.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    for endpoint in [with_credentials, format!("http://alice:s3cr%40t@{closed}")] {
+        let mut args = base_args_at(target.pid(), HZ);
+        args.extend([s("--otlp-endpoint"), endpoint.clone()]);
+        args.extend(duration_args(RUN));
+        let mut icecore = Icecore::spawn(&args, target.dir());
+        let status = icecore.wait_exit(RUN + EXIT_GRACE);
+        let logs = icecore.logs();
+        assert!(!logs.contains("s3cr"), "the password was logged:\n{logs}");
+        assert!(!logs.contains("alice"), "the user name was logged:\n{logs}");
+        if endpoint.contains(&closed.to_string()) {
+            assert!(
+                logs.contains("WARN"),
+                "the unreachable endpoint was reported:\n{logs}"
+            );
+            assert!(
+                !status.success(),
+                "nothing reached the endpoint: exit 1\n{logs}"
+            );
+        } else {
+            assert!(status.success(), "{logs}");
+        }
+    }
+    let requests = receiver.requests();
+    assert!(!requests.is_empty());
+    for request in &requests {
+        let auth = request
+            .headers
+            .iter()
+            .find(|(k, _)| k == "authorization")
+            .map(|(_, v)| v.as_str());
+        // base64("alice:s3cr@t")
+        assert_eq!(auth, Some("Basic YWxpY2U6czNjckB0"));
+    }
+}

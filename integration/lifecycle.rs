@@ -283,8 +283,8 @@ fn default_sink_writes_pprof_and_says_where() {
     if !require_root(TEST) {
         return;
     }
-    if Command::new("unshare").arg("--version").output().is_err() {
-        println!("skipping {TEST}: needs unshare (util-linux) to hide /var/lib");
+    let unshare = Command::new("unshare").arg("--version").output().is_ok();
+    if !support::prerequisite(TEST, unshare, "needs unshare (util-linux) to hide /var/lib") {
         return;
     }
     let _serial = serial();
@@ -417,8 +417,8 @@ fn unprivileged_run_says_what_it_needs() {
     if !require_root(TEST) {
         return;
     }
-    if Command::new("setpriv").arg("--version").output().is_err() {
-        println!("skipping {TEST}: setpriv (util-linux) is not installed");
+    let setpriv = Command::new("setpriv").arg("--version").output().is_ok();
+    if !support::prerequisite(TEST, setpriv, "setpriv (util-linux) is not installed") {
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -50,12 +50,18 @@ pub fn serve(listener: tokio::net::TcpListener, stats: Sources) {
     let bound = listener
         .local_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-    info!("serving /metrics and /healthz on http://{bound} (and /debug/pprof/profile)");
+    info!(
+        "serving /metrics and /healthz on http://{bound} (and /debug/pprof/profile, /debug/pprof/symbol)"
+    );
     let refused = stats.http_refused_connections.clone();
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/debug/pprof/profile", get(pprof_profile))
+        .route(
+            "/debug/pprof/symbol",
+            get(pprof_symbol_count).post(pprof_symbol_lookup),
+        )
         .with_state(stats);
     serve::spawn(
         listener,
@@ -72,6 +78,37 @@ pub fn serve(listener: tokio::net::TcpListener, stats: Sources) {
             }
         },
     );
+}
+
+/// `GET /debug/pprof/symbol`, as Go's net/http/pprof answers it: symbol
+/// look-ups are served.
+async fn pprof_symbol_count() -> &'static str {
+    "num_symbols: 1\n"
+}
+
+/// `POST /debug/pprof/symbol` with `0xADDR+0xADDR…`: what `go tool pprof`
+/// asks for the addresses of a pulled profile that have no function. The
+/// answer names each address it knows as `0xADDR NAME`; icecore's profiles
+/// are symbolized on the host already, and an address left unnamed there
+/// (a stripped file, JIT code) has no name here either, so every address
+/// is answered by omission and the client keeps it as an address.
+async fn pprof_symbol_lookup(body: axum::body::Bytes) -> Response {
+    const MAX_QUERY: usize = 1 << 20;
+    if body.len() > MAX_QUERY {
+        return (StatusCode::PAYLOAD_TOO_LARGE, "too many addresses\n").into_response();
+    }
+    let well_formed = body
+        .split(|&b| b == b'+')
+        .filter(|a| !a.is_empty())
+        .all(|a| a.trim_ascii().starts_with(b"0x"));
+    if !well_formed {
+        return (
+            StatusCode::BAD_REQUEST,
+            "expected addresses like 0x4a5b+0x4a7c\n",
+        )
+            .into_response();
+    }
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "").into_response()
 }
 
 async fn pprof_profile(State(sources): State<Sources>, RawQuery(query): RawQuery) -> Response {

@@ -137,9 +137,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
         }
     });
     let (batches_tx, batches_rx) = mpsc::channel(BATCH_QUEUE);
+    let cut_now = sinks.pull_hub().cut_signal();
     let sink_task = tokio::spawn(sinks.run(batches_rx, received));
     let stats = profiler
-        .run(shutdown::signal_or_deadline(config.duration), batches_tx)
+        .run(
+            shutdown::signal_or_deadline(config.duration),
+            batches_tx,
+            cut_now,
+        )
         .await;
     let sink_report = sink_task.await.context("the sink task failed")?;
 

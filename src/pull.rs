@@ -2,9 +2,10 @@
 //! seconds, cut from the batches the sinks see, as Go's net/http/pprof
 //! serves it to Parca's and Prometheus-style scrapers.
 //!
-//! Samples are taken from batches by timestamp, so the answer comes once a
-//! batch covering the end of the window has been made: up to one
-//! `--reporter-interval` after the N seconds.
+//! Samples are taken from batches by timestamp. When the N seconds are
+//! over, the pull asks the profiler to cut its batch at once, so the answer
+//! comes within moments of the window's end (clients such as `go tool
+//! pprof` wait 1.5 times N for it), not up to a `--reporter-interval` later.
 
 use std::{
     sync::Arc,
@@ -12,7 +13,7 @@ use std::{
 };
 
 use icecore_otlp::{encode_gzip, model::ProfileBatch};
-use tokio::sync::{Semaphore, broadcast};
+use tokio::sync::{Notify, Semaphore, broadcast};
 
 /// Default of `seconds`, as in Go's net/http/pprof.
 pub const DEFAULT_SECONDS: u64 = 30;
@@ -50,6 +51,7 @@ pub struct PullHub {
     batches: broadcast::Sender<Arc<ProfileBatch>>,
     reporter_interval: Duration,
     slots: Semaphore,
+    cut_now: Arc<Notify>,
 }
 
 impl PullHub {
@@ -59,7 +61,14 @@ impl PullHub {
             batches: broadcast::channel(BUFFERED_BATCHES).0,
             reporter_interval,
             slots: Semaphore::new(MAX_CONCURRENT_PULLS),
+            cut_now: Arc::new(Notify::new()),
         }
+    }
+
+    /// Notified when a pull's window is over: the profiler then cuts its
+    /// batch without waiting for the interval.
+    pub fn cut_signal(&self) -> Arc<Notify> {
+        self.cut_now.clone()
     }
 
     /// Offers a batch to the running pulls (none: dropped at once).
@@ -82,13 +91,19 @@ impl PullHub {
         let mut batches_rx = self.batches.subscribe();
         let start = now_unix_nanos();
         let end = start + seconds * 1_000_000_000;
-        let deadline = tokio::time::Instant::now()
-            + Duration::from_secs(seconds)
-            + self.reporter_interval
-            + Duration::from_secs(5);
+        let window_over = tokio::time::Instant::now() + Duration::from_secs(seconds);
+        // The batch normally comes right after the cut; the interval is the
+        // fallback should the profiler be busy.
+        let deadline = window_over + self.reporter_interval + Duration::from_secs(5);
         let mut batches = Vec::new();
+        let mut cut_asked = false;
         loop {
-            match tokio::time::timeout_at(deadline, batches_rx.recv()).await {
+            if !cut_asked && tokio::time::Instant::now() >= window_over {
+                self.cut_now.notify_one();
+                cut_asked = true;
+            }
+            let wait_until = if cut_asked { deadline } else { window_over };
+            match tokio::time::timeout_at(wait_until, batches_rx.recv()).await {
                 Ok(Ok(batch)) => {
                     let covers_end =
                         batch.start_unix_nanos.saturating_add(batch.duration_nanos) >= end;
@@ -98,9 +113,9 @@ impl PullHub {
                     }
                 }
                 Ok(Err(broadcast::error::RecvError::Lagged(_))) => return Err(PullError::Lagged),
-                Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => {
-                    return Err(PullError::NoData);
-                }
+                Ok(Err(broadcast::error::RecvError::Closed)) => return Err(PullError::NoData),
+                Err(_) if !cut_asked => {} // the window is over: ask for the cut
+                Err(_) => return Err(PullError::NoData),
             }
         }
         let window = ProfileBatch::window_of(&batches, start, end);

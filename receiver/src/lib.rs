@@ -28,6 +28,9 @@ pub mod symbolize;
 pub mod unwind_maps;
 pub mod unwind_table;
 
+#[cfg(test)]
+pub(crate) mod test_support;
+
 pub use icecore_unwinders::Counter;
 pub use profiler::{CpuProfiler, ProfilerOptions, ProfilerStats};
 pub use sampler::{SamplerError, SamplerOptions};

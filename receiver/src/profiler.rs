@@ -372,11 +372,13 @@ impl CpuProfiler {
     }
 
     /// Runs until `shutdown` completes: batches go to `batches` every
-    /// reporting interval, and a last one with whatever remains at shutdown.
+    /// reporting interval, whenever `cut_now` is notified (a pull whose
+    /// window is over), and a last one with whatever remains at shutdown.
     pub async fn run(
         mut self,
         shutdown: impl Future<Output = ()>,
         batches: mpsc::Sender<ProfileBatch>,
+        cut_now: Arc<tokio::sync::Notify>,
     ) -> ProfilerStats {
         let ring = match register_ring(self.sampler.as_raw_fd()) {
             Ok(fd) => Some(fd),
@@ -414,6 +416,13 @@ impl CpuProfiler {
                     }
                 }
                 _ = report.tick() => {
+                    let batch = self.take_batch();
+                    if batches.send(batch).await.is_err() {
+                        warn!("no sink is listening any more; stopping");
+                        break;
+                    }
+                }
+                () = cut_now.notified() => {
                     let batch = self.take_batch();
                     if batches.send(batch).await.is_err() {
                         warn!("no sink is listening any more; stopping");

@@ -59,6 +59,7 @@ pub fn encode_profile(batch: &ProfileBatch) -> Profile {
     b.profile.default_sample_type = cpu.r#type;
     b.profile.time_nanos = i64::try_from(time).unwrap_or(i64::MAX);
     b.profile.duration_nanos = i64::try_from(duration).unwrap_or(i64::MAX);
+    b.main_mapping(batch);
     for process in &batch.processes {
         b.add_process(process, batch.period_nanos);
     }
@@ -99,6 +100,33 @@ struct Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
+    /// pprof readers take the first mapping for the profiled program
+    /// (`go tool pprof` prints it as `File:`). With one process, that is its
+    /// executable's mapping; a profile of several processes has no one
+    /// program, so its first mapping is an empty placeholder rather than
+    /// whichever binary happened to come first.
+    fn main_mapping(&mut self, batch: &'a ProfileBatch) {
+        match batch.processes.as_slice() {
+            [] => {}
+            [process] => {
+                let executable = &*process.process.executable_path;
+                let main = process
+                    .samples
+                    .iter()
+                    .flat_map(|g| g.stack.iter())
+                    .filter_map(|f| f.mapping.as_ref())
+                    .find(|m| !executable.is_empty() && &*m.filename == executable);
+                if let Some(mapping) = main {
+                    self.mapping(mapping);
+                }
+            }
+            _ => self.profile.mapping.push(Mapping {
+                id: 1,
+                ..Mapping::default()
+            }),
+        }
+    }
+
     fn string(&mut self, s: &'a str) -> i64 {
         let table = &mut self.profile.string_table;
         *self.strings.entry(s).or_insert_with(|| {

@@ -47,16 +47,32 @@ fn header_fields() {
 }
 
 #[test]
+fn the_first_mapping_is_the_one_program_or_none() {
+    let mut batch = test_fixtures::batch();
+    let several = encode_profile(&batch);
+    assert_eq!(
+        s(&several, several.mapping[0].filename),
+        "",
+        "no one program"
+    );
+    assert_eq!(several.mapping[0].memory_limit, 0);
+    batch.processes.truncate(1);
+    let one = encode_profile(&batch);
+    assert_eq!(s(&one, one.mapping[0].filename), "/usr/bin/app");
+}
+
+#[test]
 fn ids_are_sequential_and_references_resolve() {
     let p = encode_profile(&test_fixtures::batch());
     let ids = |v: Vec<u64>| assert_eq!(v, (1..=v.len() as u64).collect::<Vec<_>>());
     ids(p.mapping.iter().map(|m| m.id).collect());
     ids(p.location.iter().map(|l| l.id).collect());
     ids(p.function.iter().map(|f| f.id).collect());
-    // Deduplicated: 3 mappings, 5 locations, 5 functions (as in the OTLP test).
+    // Deduplicated: 3 mappings after the placeholder of a multi-process
+    // profile, 5 locations, 5 functions (as in the OTLP test).
     assert_eq!(
         (p.mapping.len(), p.location.len(), p.function.len()),
-        (3, 5, 5)
+        (4, 5, 5)
     );
     let n_loc = p.location.len() as u64;
     for sample in &p.sample {

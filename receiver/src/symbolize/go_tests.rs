@@ -165,7 +165,7 @@ fn check_go_program(exe: &Path, expect_dwarf: bool) {
 #[test]
 fn go_programs_plain_stripped_and_pie() {
     let Some(go) = find_go() else {
-        println!("skipped: no go in PATH nor at {PIP_GO}");
+        crate::test_support::missing_prerequisite(&format!("no go in PATH nor at {PIP_GO}"));
         return;
     };
     let dir = tempfile::tempdir().unwrap();

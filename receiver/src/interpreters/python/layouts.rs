@@ -497,7 +497,10 @@ mod tests {
             if lib.exists() {
                 found.push((patch.to_owned(), l, lib));
             } else {
-                println!("skipping {patch}: no {}", lib.display());
+                crate::test_support::missing_prerequisite(&format!(
+                    "CPython {patch}: no {}",
+                    lib.display()
+                ));
             }
         }
         let extra = std::env::var("ICECORE_PY_DWARF_EXTRA").unwrap_or_default();
