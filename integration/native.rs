@@ -73,6 +73,18 @@ fn c_without_frame_pointers_unwinds_to_main() {
     assert_reach_c_main(TEST, &samples, &exe);
     assert_split(TEST, &samples, ("hot_alpha", 75.0), ("warm_beta", 25.0));
     m.assert_dwarf_used(TEST);
+    // Below main: a local function of the stripped libc, named by
+    // libc6-dbg's symbol table although its DWARF is over the budget.
+    let under_main = samples.iter().filter(|s| s.contains("main")).count();
+    let named = samples
+        .iter()
+        .filter(|s| s.contains("__libc_start_call_main"))
+        .count();
+    println!("{TEST}: {named} of {under_main} stacks through main name __libc_start_call_main");
+    assert!(
+        named * 10 >= under_main * 9,
+        "{TEST}: __libc_start_call_main named in {named} of {under_main} stacks"
+    );
 }
 
 /// C++ templates: demangled names, the split, complete stacks.

@@ -90,6 +90,8 @@ pub struct Outcome {
     pub rejected: u64,
     /// The file could not be reached at all; loading may work later.
     pub unreachable: bool,
+    /// The separate debug file's symbol table, when its DWARF is not used.
+    pub symbols: Option<ElfSymbols>,
 }
 
 /// The paths the mapped file can be opened by, as in symbol loading.
@@ -155,6 +157,16 @@ pub fn load(
                 }
                 Err(DwarfError::Absent { .. }) => {}
                 Err(error) => note_failure(&mut outcome, &path.to_string_lossy(), &error.into()),
+            }
+            // No DWARF from it (over the budget, or none): its symbol table
+            // still names what the stripped file's does not. Read from the
+            // section headers and the table alone, not the DWARF.
+            match ElfSymbols::load_with_limit(&path, max_file_size) {
+                Ok(symbols) if !symbols.is_empty() => outcome.symbols = Some(symbols),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(path = %path.display(), %error, "debug file's symbols unusable");
+                }
             }
         }
     }

@@ -166,7 +166,10 @@ fn libc_resolves_through_libc6_dbg() {
     let id = symbols.build_id().unwrap();
     let debug = debug_file::build_id_path(id).unwrap();
     if !debug.exists() {
-        println!("skipped: {} missing (install libc6-dbg)", debug.display());
+        crate::test_support::missing_prerequisite(&format!(
+            "{} missing (install libc6-dbg)",
+            debug.display()
+        ));
         return;
     }
     // libc's DWARF (about 31 MB parsed) is over the default budget.
@@ -199,12 +202,71 @@ fn libc_resolves_through_libc6_dbg() {
     }
 }
 
+/// A local function of Debian's stripped libc, named only by libc6-dbg's
+/// symbol table, keeps its name when that file's DWARF is over the budget
+/// (the default 16 MiB) and when DWARF is off.
+#[test]
+fn libc_local_functions_are_named_without_its_dwarf() {
+    let pid = std::process::id();
+    // SAFETY: dlsym with a NUL-terminated name and the default handle.
+    let malloc = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) } as u64;
+    let maps = ProcessMappings::read(pid).unwrap();
+    let libc_file = maps.find(malloc).unwrap().path.clone();
+    let symbols = ElfSymbols::load(&*libc_file).unwrap();
+    let debug = debug_file::build_id_path(symbols.build_id().unwrap()).unwrap();
+    if !debug.exists() {
+        crate::test_support::missing_prerequisite(&format!(
+            "{} missing (install libc6-dbg)",
+            debug.display()
+        ));
+        return;
+    }
+    const LOCAL: &str = "__libc_start_call_main";
+    assert!(
+        symbols.symbol_address(LOCAL).is_none(),
+        "stripped libc has no {LOCAL}"
+    );
+    let vaddr = ElfSymbols::load(&debug)
+        .unwrap()
+        .symbol_address(LOCAL)
+        .unwrap();
+    let offset = symbols.vaddr_to_file_offset(vaddr).unwrap();
+    let mapping = maps
+        .mappings()
+        .iter()
+        .find(|m| {
+            m.path == libc_file
+                && m.file_offset <= offset
+                && offset < m.file_offset + (m.end - m.start)
+        })
+        .unwrap();
+    let address = mapping.start + (offset - mapping.file_offset) + 8;
+    for max_debug_bytes in [SymbolizerLimits::default().max_debug_bytes, 0] {
+        let mut symbolizer = Symbolizer::new(SymbolizerLimits {
+            max_debug_bytes,
+            ..SymbolizerLimits::default()
+        });
+        let frame = symbolizer.native_frame(pid, mapping, address, true);
+        assert_eq!(
+            frame
+                .lines
+                .iter()
+                .map(|l| &*l.function_name)
+                .collect::<Vec<_>>(),
+            [LOCAL],
+            "DWARF budget {max_debug_bytes}: {frame:?}"
+        );
+        let stats = symbolizer.stats();
+        assert_eq!((stats.debug_files, stats.debug_symbol_tables), (0, 1));
+    }
+}
+
 #[test]
 fn vdso_clock_gettime() {
     let pid = std::process::id();
     let maps = ProcessMappings::read(pid).unwrap();
     let Some(mapping) = maps.mappings().iter().find(|m| m.is_vdso()) else {
-        println!("skipped: no [vdso] mapping");
+        crate::test_support::missing_prerequisite("no [vdso] mapping in this process");
         return;
     };
     let own = vdso::own().expect("the vDSO of a 64-bit process parses");

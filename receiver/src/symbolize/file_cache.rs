@@ -29,6 +29,7 @@ impl Symbolizer {
             return (Vec::new(), None, false);
         };
         let symbols = Arc::clone(&file.symbols);
+        let debug_symbols = file.debug_symbols.clone();
         let build_id = symbols.build_id().cloned();
         // Debug information out of reach for now: do not cache the poorer frame.
         let transient = matches!(file.debug, DebugState::Retry(_));
@@ -64,7 +65,11 @@ impl Symbolizer {
             }
             None => Default::default(),
         };
-        let symbol = symbols.lookup_vaddr(vaddr);
+        // The debug file's table is the complete one (local functions too).
+        let symbol = debug_symbols
+            .as_deref()
+            .and_then(|s| s.lookup_vaddr(vaddr))
+            .or_else(|| symbols.lookup_vaddr(vaddr));
         let lines = if frames.is_empty() {
             match symbol {
                 Some(function) => vec![self.function_line(mapping.dev, mapping.inode, function)],
@@ -161,6 +166,7 @@ impl Symbolizer {
                 self.stats.files_loaded += 1;
                 let file = LoadedFile {
                     symbols: Arc::new(symbols),
+                    debug_symbols: None,
                     debug: DebugState::NotLoaded,
                 };
                 (
@@ -230,6 +236,12 @@ impl Symbolizer {
         });
         self.stats.debug_files_rejected += outcome.rejected;
         self.stats.debug_load_failures += outcome.failures;
+        if let Some(symbols) = outcome.symbols
+            && let Some(CachedFile::Loaded(file)) = self.files.peek_mut(key)
+        {
+            self.stats.debug_symbol_tables += 1;
+            file.debug_symbols = Some(Arc::new(symbols));
+        }
         let state = match outcome.info {
             Some(info) => {
                 match &info {

@@ -127,6 +127,9 @@ pub struct SymbolizerStats {
     /// Debug information present but unusable: malformed DWARF or pclntab, or
     /// over the byte budget. The symbol tables serve instead.
     pub debug_load_failures: u64,
+    /// Separate debug files whose symbol table names functions in place of
+    /// their unused DWARF.
+    pub debug_symbol_tables: u64,
     /// Look-ups in loaded DWARF that failed on malformed data.
     pub debug_lookup_failures: u64,
     /// Debug information dropped to stay within the file or byte bounds.
@@ -149,6 +152,10 @@ enum CachedFile {
 /// A parsed file and its debug information.
 struct LoadedFile {
     symbols: Arc<ElfSymbols>,
+    /// The symbol table of the file's separate debug file, when its DWARF
+    /// is not in use (over budget, DWARF off): it names the local functions
+    /// a stripped file's `.dynsym` lacks (`__libc_start_call_main`).
+    debug_symbols: Option<Arc<ElfSymbols>>,
     debug: DebugState,
 }
 
