@@ -82,7 +82,7 @@ fn bench(c: &mut Criterion) {
             let mut aggregator = Aggregator::new(1 << 20);
             for (i, bytes) in records.iter().enumerate() {
                 let sample = RawSample::decode(black_box(bytes)).expect("a valid record");
-                aggregator.add(&sample, i as u64);
+                aggregator.add(&sample, i as u64, Some(1));
             }
             aggregator.len()
         });

@@ -32,11 +32,7 @@ use icecore_unwinders::{
     sample::{MAX_KERNEL_FRAMES, flags},
 };
 
-use crate::maps::{PID_FILTER, PROGRAMS, SCRATCH, count};
-
-/// Non-zero when only the PIDs in `PID_FILTER` are sampled. Set at load time.
-#[unsafe(no_mangle)]
-static FILTER_BY_PID: u8 = 0;
+use crate::maps::{PROGRAMS, SCRATCH, count, is_profiled};
 
 /// Linux's `__USER_CS` on x86-64: the privilege level of the interrupted code.
 const USER_MODE_RPL: u64 = 3;
@@ -51,10 +47,7 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
         count(Counter::Idle);
         return 0;
     }
-    // SAFETY: a plain load of a load-time constant.
-    let filter = unsafe { core::ptr::read_volatile(&FILTER_BY_PID) };
-    // SAFETY: the value is only tested for presence.
-    if filter != 0 && unsafe { PID_FILTER.get(&pid) }.is_none() {
+    if !is_profiled(pid) {
         count(Counter::FilteredOut);
         return 0;
     }

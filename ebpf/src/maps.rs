@@ -74,6 +74,19 @@ pub static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 #[map]
 pub static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 
+/// Non-zero when only the PIDs in `PID_FILTER` are sampled. Set at load time.
+#[unsafe(no_mangle)]
+static FILTER_BY_PID: u8 = 0;
+
+/// Whether `pid` is sampled: every process, or those of `PID_FILTER`.
+#[inline(always)]
+pub fn is_profiled(pid: u32) -> bool {
+    // SAFETY: a plain load of a load-time constant.
+    let filter = unsafe { core::ptr::read_volatile(&FILTER_BY_PID) };
+    // SAFETY: the value is only tested for presence.
+    filter == 0 || unsafe { PID_FILTER.get(&pid) }.is_some()
+}
+
 /// Continues the sample in `program` if its tail-call budget allows. Returns
 /// only when it did not: out of budget (false), or the call failed (true,
 /// counted), in which case the caller must stop without emitting.

@@ -149,6 +149,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     let mappings = process_mappings(&mut scratch.processes, pid);
     if mappings.is_none() && scratch.state.tail_calls == 0 {
         count(Counter::UnknownProcess);
+        scratch.record.header.flags |= flags::PROCESS_UNDESCRIBED;
     }
     let mut memory = WindowedReader::new(&mut scratch.stack, UserMemory);
     let mut finished = false;

@@ -18,6 +18,8 @@ use crate::{
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct StackKey {
     pid: u32,
+    /// The process image the sample was taken in ([`ProcessTable::image_at`]).
+    image: Option<u64>,
     tid: u32,
     comm: [u8; 16],
     kernel_frames: u32,
@@ -56,8 +58,9 @@ impl Aggregator {
         }
     }
 
-    /// Adds a sample taken at `unix_nanos`. Returns false if it was dropped.
-    pub fn add(&mut self, sample: &RawSample<'_>, unix_nanos: u64) -> bool {
+    /// Adds a sample taken at `unix_nanos` in process image `image`.
+    /// Returns false if it was dropped.
+    pub fn add(&mut self, sample: &RawSample<'_>, unix_nanos: u64, image: Option<u64>) -> bool {
         if self.samples >= self.max_samples {
             self.dropped += 1;
             return false;
@@ -69,6 +72,7 @@ impl Aggregator {
             .collect();
         let key = StackKey {
             pid: sample.header.pid,
+            image,
             tid: sample.header.tid,
             comm: sample.header.comm,
             kernel_frames: sample.header.kernel_frames,
@@ -108,7 +112,8 @@ impl Aggregator {
         };
         self.samples = 0;
         let last = window.start_unix_nanos + window.duration_nanos.saturating_sub(1);
-        let mut by_pid: HashMap<u32, Vec<SampleGroup>> = HashMap::new();
+        // One profile per process image: an exec within the interval makes two.
+        let mut by_image: HashMap<(u32, Option<u64>), Vec<SampleGroup>> = HashMap::new();
         let mut thread_names: HashMap<[u8; 16], Arc<str>> = HashMap::new();
         for (key, mut timestamps) in self.stacks.drain() {
             for t in &mut timestamps {
@@ -119,17 +124,21 @@ impl Aggregator {
                 .entry(key.comm)
                 .or_insert_with(|| Arc::from(comm_str(&key.comm).as_ref()))
                 .clone();
-            by_pid.entry(key.pid).or_default().push(SampleGroup::timed(
-                stack,
-                key.tid,
-                thread_name,
-                timestamps,
-            ));
+            // Samples of an image never learned (before an exec icecore saw
+            // first) join the process's current one; their user frames are
+            // left unnamed (symbolize_stack), their kernel frames are not.
+            let image = key
+                .image
+                .or_else(|| processes.get(key.pid).map(|p| p.image));
+            by_image
+                .entry((key.pid, image))
+                .or_default()
+                .push(SampleGroup::timed(stack, key.tid, thread_name, timestamps));
         }
-        let mut processes_out: Vec<ProcessProfile> = by_pid
+        let mut processes_out: Vec<ProcessProfile> = by_image
             .into_iter()
-            .map(|(pid, samples)| ProcessProfile {
-                process: process_info(pid, &samples, processes),
+            .map(|((pid, image), samples)| ProcessProfile {
+                process: process_info(pid, image, &samples, processes),
                 samples,
             })
             .collect();
@@ -163,8 +172,13 @@ fn comm_str(comm: &[u8; 16]) -> std::borrow::Cow<'_, str> {
     String::from_utf8_lossy(&comm[..end])
 }
 
-fn process_info(pid: u32, samples: &[SampleGroup], processes: &ProcessTable) -> ProcessInfo {
-    if let Some(p) = processes.get(pid) {
+fn process_info(
+    pid: u32,
+    image: Option<u64>,
+    samples: &[SampleGroup],
+    processes: &ProcessTable,
+) -> ProcessInfo {
+    if let Some(p) = image.and_then(|image| processes.image(pid, image)) {
         return p.info.clone();
     }
     // Evicted or never learned: name it after the main thread's comm if seen.
@@ -202,7 +216,7 @@ fn symbolize_stack(
         };
         frames.push(symbolizer.kernel_frame(address));
     }
-    let process = processes.get(key.pid);
+    let process = key.image.and_then(|image| processes.image(key.pid, image));
     let native = user_frames.iter().enumerate().map(|(i, &address)| {
         let is_return_address = i > 0;
         let frame = match process.and_then(|p| p.mapping(address)) {

@@ -13,6 +13,7 @@
 
 pub mod aggregate;
 pub mod clock;
+pub mod exec_watch;
 pub mod host;
 pub mod interpreters;
 pub mod kernel_btf;

@@ -320,7 +320,7 @@ impl NativeUnwindInfo {
     pub fn poll_builds<'a>(
         &mut self,
         mut mappings_of: impl FnMut(u32) -> Option<&'a ProcessMappings>,
-    ) {
+    ) -> Vec<u32> {
         let mut ready = Vec::new();
         while let Ok((key, built)) = self.results.try_recv() {
             match built {
@@ -336,7 +336,7 @@ impl NativeUnwindInfo {
             ready.push(key);
         }
         if ready.is_empty() {
-            return;
+            return Vec::new();
         }
         let waiting: Vec<u32> = self
             .process_files
@@ -344,12 +344,15 @@ impl NativeUnwindInfo {
             .filter(|(_, files)| files.iter().any(|f| ready.contains(f)))
             .map(|(pid, _)| *pid)
             .collect();
+        let mut described = Vec::new();
         for pid in waiting {
             if let Some(mappings) = mappings_of(pid) {
                 let interpreter = self.interpreters.get(&pid).copied();
                 self.describe_process(pid, mappings, interpreter);
+                described.push(pid);
             }
         }
+        described
     }
 
     /// Frees everything BPF holds for a process that exited or exec'd.

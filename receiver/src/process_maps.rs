@@ -377,6 +377,23 @@ pub fn start_time_ticks(pid: u32) -> Result<u64, ProcessError> {
     parse_start_time(&String::from_utf8_lossy(&bytes))
 }
 
+/// The process's start time (as [`start_time_ticks`]) and its state letter
+/// (`R`, `S`, `Z` for a zombie, …).
+pub fn start_time_and_state(pid: u32) -> Result<(u64, char), ProcessError> {
+    let path = format!("/proc/{pid}/stat");
+    let bytes = read_bounded(pid, &path, MAX_STAT_BYTES)?;
+    let stat = String::from_utf8_lossy(&bytes);
+    let start = parse_start_time(&stat)?;
+    let state = stat
+        .rfind(')')
+        .and_then(|close| stat[close + 1..].split_ascii_whitespace().next())
+        .and_then(|field| field.chars().next())
+        .ok_or(ProcessError::Stat {
+            reason: "no state after comm",
+        })?;
+    Ok((start, state))
+}
+
 /// Extracts the start time (field 22) from the text of a `/proc/<pid>/stat` file.
 ///
 /// The command name (field 2) is in parentheses and may itself contain spaces and

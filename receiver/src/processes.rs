@@ -17,20 +17,50 @@ use crate::process_maps::{self, MappedFile, ProcessMappings};
 /// `dlopen`, JIT code) happens at most this often per process.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
-/// One tracked process.
+/// One image of a tracked process: what one `exec` (or the process's
+/// start) put in place, until the next `exec` replaces it.
 #[derive(Debug)]
 pub struct TrackedProcess {
     /// Identity for the profile.
     pub info: ProcessInfo,
     /// File-backed mappings and the vDSO; empty when the process was gone before they could be read.
     pub mappings: ProcessMappings,
+    /// Which image this is: unique over the table's life, so samples name
+    /// the image they were taken in even after an `exec` replaced it.
+    pub image: u64,
+    /// Whether the profiler described this image to BPF (at its first sample).
+    pub described: bool,
     /// Start time in clock ticks since boot, to tell a reused PID from the original.
     start_time: Option<u64>,
-    last_refresh: Instant,
+    /// `CLOCK_MONOTONIC` of the `exec` that started the image; 0 when it was
+    /// learned from a sample (it ran before anything icecore saw).
+    exec_ktime: u64,
+    /// `CLOCK_MONOTONIC` when the image was read.
+    learned_ktime: u64,
+    /// When the maps were last re-read; `None` before the first re-read,
+    /// which is never held back (an image learned at `exec` has not mapped
+    /// its libraries yet).
+    last_refresh: Option<Instant>,
 }
 
-impl TrackedProcess {
-    fn learn(pid: u32, comm: &str) -> Self {
+/// What `/proc` says of a process at one moment: enough to profile it
+/// after it is gone.
+#[derive(Debug, Clone)]
+pub struct ImageSnapshot {
+    /// Identity for the profile.
+    pub info: ProcessInfo,
+    /// File-backed mappings and the vDSO; empty when the process was gone.
+    pub mappings: ProcessMappings,
+    /// Start time in clock ticks since boot.
+    pub start_time: Option<u64>,
+    /// `CLOCK_MONOTONIC` when it was read.
+    pub read_ktime: u64,
+}
+
+impl ImageSnapshot {
+    /// Reads the process now; `comm` names it when its executable cannot be read.
+    pub fn read(pid: u32, comm: &str) -> Self {
+        let read_ktime = crate::clock::MonotonicToUnix::monotonic_now();
         let mappings = match ProcessMappings::read(pid) {
             Ok(m) => m,
             Err(e) => {
@@ -43,7 +73,7 @@ impl TrackedProcess {
             Some(p) => Arc::from(p.rsplit('/').next().unwrap_or(p.as_str())),
             None => Arc::from(comm),
         };
-        TrackedProcess {
+        ImageSnapshot {
             info: ProcessInfo {
                 pid,
                 executable_name: name.clone(),
@@ -52,7 +82,22 @@ impl TrackedProcess {
             },
             mappings,
             start_time: process_maps::start_time_ticks(pid).ok(),
-            last_refresh: Instant::now(),
+            read_ktime,
+        }
+    }
+}
+
+impl TrackedProcess {
+    fn from_snapshot(snapshot: ImageSnapshot, image: u64, exec_ktime: u64) -> Self {
+        TrackedProcess {
+            info: snapshot.info,
+            mappings: snapshot.mappings,
+            image,
+            described: false,
+            start_time: snapshot.start_time,
+            exec_ktime,
+            learned_ktime: snapshot.read_ktime,
+            last_refresh: None,
         }
     }
 
@@ -63,8 +108,13 @@ impl TrackedProcess {
 }
 
 /// Tracked processes, bounded in number (least recently sampled evicted).
+/// Images an `exec` replaced are kept aside until the batch holding their
+/// samples is cut, so those samples are symbolized against the image they
+/// were taken in.
 pub struct ProcessTable {
     processes: LruCache<u32, TrackedProcess>,
+    replaced: Vec<TrackedProcess>,
+    next_image: u64,
 }
 
 impl ProcessTable {
@@ -72,23 +122,141 @@ impl ProcessTable {
     pub fn new(capacity: NonZeroUsize) -> Self {
         ProcessTable {
             processes: LruCache::new(capacity),
+            replaced: Vec::new(),
+            next_image: 1,
         }
+    }
+
+    fn new_image(&mut self) -> u64 {
+        let image = self.next_image;
+        self.next_image += 1;
+        image
     }
 
     /// The process, learning it from `/proc` on first sight; `true` when it
     /// was learned just now.
     pub fn get_or_learn(&mut self, pid: u32, comm: &str) -> (&mut TrackedProcess, bool) {
         let mut learned = false;
+        let image = self.next_image;
         let process = self.processes.get_or_insert_mut(pid, || {
             learned = true;
-            TrackedProcess::learn(pid, comm)
+            TrackedProcess::from_snapshot(ImageSnapshot::read(pid, comm), image, 0)
         });
+        if learned {
+            self.next_image += 1;
+        }
         (process, learned)
     }
 
-    /// Forgets a process now (it exec'd: its next sample learns it anew).
+    /// `pid` ran `exec` at `ktime`, and `snapshot` is what was read of the
+    /// new image right after (a short-lived process may be gone by its
+    /// first sample's turn): its current image is kept aside until the next
+    /// batch is cut.
+    /// Returns whether an image was replaced (false when the one tracked is
+    /// already this exec's, learned from a sample read before the event).
+    pub fn exec(&mut self, pid: u32, ktime: u64, snapshot: ImageSnapshot) -> bool {
+        let learned_since = self
+            .processes
+            .peek(&pid)
+            .is_some_and(|c| c.exec_ktime == 0 && c.learned_ktime >= ktime);
+        if learned_since {
+            // A sample taught it already, after this exec: it is this exec's
+            // image, and samples before the exec are not its.
+            if let Some(current) = self.processes.peek_mut(&pid) {
+                current.exec_ktime = ktime;
+                if current.mappings.is_empty() {
+                    current.mappings = snapshot.mappings;
+                }
+            }
+            return false;
+        }
+        let replaced = match self.processes.pop(&pid) {
+            Some(old) => {
+                self.replaced.push(old);
+                true
+            }
+            None => false,
+        };
+        let image = self.new_image();
+        self.processes
+            .put(pid, TrackedProcess::from_snapshot(snapshot, image, ktime));
+        replaced
+    }
+
+    /// Mappings read again shortly after the exec at `ktime` (the loader
+    /// has mapped the libraries since): they replace what the image knew,
+    /// if the image is still that exec's. Returns whether they did.
+    pub fn exec_mappings(&mut self, pid: u32, ktime: u64, mappings: ProcessMappings) -> bool {
+        match self.processes.peek_mut(&pid) {
+            Some(p) if p.exec_ktime == ktime && !mappings.is_empty() => {
+                p.mappings = mappings;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The image of `pid` a sample taken at `ktime` belongs to: the current
+    /// one, or one an `exec` since replaced; `None` for an image icecore
+    /// never learned (the process image before an `exec` it saw first).
+    pub fn image_at(&self, pid: u32, ktime: u64) -> Option<u64> {
+        let current = self.processes.peek(&pid)?;
+        if ktime >= current.exec_ktime {
+            return Some(current.image);
+        }
+        self.replaced
+            .iter()
+            .filter(|p| p.info.pid == pid && p.exec_ktime <= ktime)
+            .max_by_key(|p| p.exec_ktime)
+            .map(|p| p.image)
+    }
+
+    /// Image `image` of `pid`, current or replaced.
+    pub fn image(&self, pid: u32, image: u64) -> Option<&TrackedProcess> {
+        match self.processes.peek(&pid) {
+            Some(p) if p.image == image => Some(p),
+            _ => self
+                .replaced
+                .iter()
+                .find(|p| p.image == image && p.info.pid == pid),
+        }
+    }
+
+    /// Whether `pid`'s tracked image was there before `ktime` (so an exit
+    /// at `ktime` is its exit, not that of a process the pid had before).
+    pub fn known_before(&self, pid: u32, ktime: u64) -> bool {
+        self.processes.peek(&pid).is_some_and(|p| {
+            let started = if p.exec_ktime > 0 {
+                p.exec_ktime
+            } else {
+                p.learned_ktime
+            };
+            started <= ktime
+        })
+    }
+
+    /// Forgets replaced images: the batch holding their samples is cut.
+    pub fn end_batch(&mut self) {
+        self.replaced.clear();
+    }
+
+    /// Forgets a process now.
     pub fn forget(&mut self, pid: u32) {
         self.processes.pop(&pid);
+    }
+
+    /// Whether `pid` runs (not exited, not a zombie) the process learned
+    /// under it.
+    pub fn is_running(&self, pid: u32) -> bool {
+        let Some(process) = self.processes.peek(&pid) else {
+            return false;
+        };
+        match process_maps::start_time_and_state(pid) {
+            Ok((start, state)) => {
+                state != 'Z' && state != 'X' && process.start_time.is_none_or(|t| t == start)
+            }
+            Err(_) => false,
+        }
     }
 
     /// Whether `pid` still runs the process that was learned under it.
@@ -104,7 +272,8 @@ impl ProcessTable {
     }
 
     /// Re-reads the maps of `pid` when some of `addresses` fall outside every
-    /// known mapping (rate-limited per process). Returns whether they changed.
+    /// known mapping (rate-limited per process after the first re-read).
+    /// Returns whether they changed.
     pub fn refresh_if_unmapped(
         &mut self,
         pid: u32,
@@ -113,7 +282,10 @@ impl ProcessTable {
         let Some(process) = self.processes.peek_mut(&pid) else {
             return false;
         };
-        if process.last_refresh.elapsed() < REFRESH_INTERVAL {
+        if process
+            .last_refresh
+            .is_some_and(|at| at.elapsed() < REFRESH_INTERVAL)
+        {
             return false;
         }
         if addresses
@@ -122,7 +294,7 @@ impl ProcessTable {
         {
             return false;
         }
-        process.last_refresh = Instant::now();
+        process.last_refresh = Some(Instant::now());
         match ProcessMappings::read(pid) {
             Ok(m) if m != process.mappings => {
                 process.mappings = m;
@@ -136,7 +308,7 @@ impl ProcessTable {
         }
     }
 
-    /// The process, if tracked.
+    /// The current image of the process, if tracked.
     pub fn get(&self, pid: u32) -> Option<&TrackedProcess> {
         self.processes.peek(&pid)
     }
@@ -201,5 +373,57 @@ mod tests {
         assert_eq!(table.sweep_exited(), vec![pid]);
         assert!(table.get(pid).is_none());
         assert!(table.get(me).is_some());
+    }
+
+    #[test]
+    fn samples_keep_the_image_they_were_taken_in_across_an_exec() {
+        let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
+        let me = std::process::id();
+        let first = table.get_or_learn(me, "test").0.image;
+        let t = crate::clock::MonotonicToUnix::monotonic_now();
+        assert_eq!(table.image_at(me, t), Some(first));
+        let snapshot = || ImageSnapshot::read(me, "test");
+        assert!(table.exec(me, t + 100, snapshot()));
+        let second = table.get(me).unwrap().image;
+        assert_ne!(first, second);
+        assert_eq!(table.image_at(me, t + 99), Some(first), "before the exec");
+        assert_eq!(table.image_at(me, t + 100), Some(second));
+        assert_eq!(table.image(me, first).unwrap().image, first);
+        assert!(table.known_before(me, t + 100));
+        assert!(
+            !table.known_before(me, t + 99),
+            "an exit before the exec was another image's"
+        );
+        assert!(table.exec(me, t + 200, snapshot()));
+        let third = table.get(me).unwrap().image;
+        assert_eq!(table.image_at(me, t + 150), Some(second));
+        table.end_batch();
+        assert!(
+            table.image(me, first).is_none(),
+            "replaced images go with the batch"
+        );
+        assert_eq!(table.image(me, third).unwrap().image, third);
+        assert_eq!(
+            table.image_at(me, t + 150),
+            None,
+            "an image no longer known"
+        );
+    }
+
+    #[test]
+    fn an_image_learned_after_its_exec_is_that_execs_image() {
+        let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
+        let me = std::process::id();
+        let exec_at = crate::clock::MonotonicToUnix::monotonic_now();
+        // A sample was read before the exec's event.
+        let learned = table.get_or_learn(me, "test").0.image;
+        assert!(!table.exec(me, exec_at, ImageSnapshot::read(me, "test")));
+        assert_eq!(table.get(me).unwrap().image, learned, "the same image");
+        assert_eq!(table.image_at(me, exec_at + 1), Some(learned));
+        assert_eq!(
+            table.image_at(me, exec_at - 1),
+            None,
+            "before the exec: unknown"
+        );
     }
 }

@@ -11,16 +11,14 @@ use std::{
 };
 
 use icecore_otlp::model::ProfileBatch;
-use icecore_unwinders::{
-    Counter,
-    events::{ProcessEvent, ProcessEventKind},
-};
+use icecore_unwinders::Counter;
 use tokio::{io::unix::AsyncFd, sync::mpsc, time::MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use crate::{
     aggregate::{Aggregator, BatchWindow, IntervalStats},
     clock::MonotonicToUnix,
+    exec_watch::{ExecWatcher, Lifecycle},
     host,
     interpreters::{InterpreterPlugin, InterpreterStats, Interpreters, python::PythonPlugin},
     native_unwind::{DEFAULT_MAX_TABLE_BYTES, NativeUnwindInfo, NativeUnwindStats},
@@ -114,6 +112,8 @@ pub struct CpuProfiler {
     lost_in_bpf: u64,
     /// `lost_in_bpf` when the last batch was cut.
     lost_at_last_batch: u64,
+    /// Reads new images right after their exec; `None` when it could not start.
+    exec_watcher: Option<ExecWatcher>,
 }
 
 /// A duplicate of the ring buffer's fd, owned by the reactor registration.
@@ -164,6 +164,13 @@ impl CpuProfiler {
                 Err(e) => warn!("CPython unwinding off: {e}"),
             }
         }
+        let exec_watcher = sampler.take_events().and_then(|ring| {
+            ExecWatcher::spawn(ring)
+                .map_err(|e| {
+                    warn!("cannot follow execs; short-lived processes may show unsymbolized: {e}")
+                })
+                .ok()
+        });
         let hz = i64::from(options.sampler.frequency_hz.max(1));
         Ok(CpuProfiler {
             sampler,
@@ -180,6 +187,7 @@ impl CpuProfiler {
             reporter_interval: options.reporter_interval,
             lost_in_bpf: 0,
             lost_at_last_batch: 0,
+            exec_watcher,
         })
     }
 
@@ -188,18 +196,69 @@ impl CpuProfiler {
         self.stats.clone()
     }
 
-    /// Reads every waiting sample into the current interval.
+    /// Reads every waiting lifecycle event and sample into the current interval.
     pub fn drain(&mut self) -> usize {
         let Self {
             sampler,
             native,
             interpreters,
             processes,
+            symbolizer,
             aggregator,
             clock,
             stats,
+            exec_watcher,
             ..
         } = self;
+        // Lifecycle first: the exec thread reads an image right after its
+        // exec, and a sample taken before an exec is in its CPU's ring by
+        // then, so every sample is matched to the image it was taken in by
+        // its time (`image_at`).
+        let mut exits = Vec::new();
+        let mut described = Vec::new();
+        if let Some(watcher) = exec_watcher.as_ref() {
+            watcher.drain(|event| match event {
+                Lifecycle::Exec {
+                    pid,
+                    ktime_ns,
+                    snapshot,
+                    files,
+                } => {
+                    if processes.exec(pid, ktime_ns, snapshot) {
+                        // What BPF and the plugins knew was the old image's.
+                        if let Some(native) = native.as_mut() {
+                            native.forget_process(pid);
+                        }
+                        interpreters.detach(pid);
+                    }
+                    // Parsed now, from the files held open since the exec:
+                    // the process may be gone by the time its batch is cut.
+                    if let Some(process) = processes.get(pid) {
+                        symbolizer.preload(pid, &process.mappings, &files);
+                    }
+                }
+                Lifecycle::Mappings {
+                    pid,
+                    ktime_ns,
+                    mappings,
+                    files,
+                } => {
+                    if processes.exec_mappings(pid, ktime_ns, mappings)
+                        && let Some(process) = processes.get(pid)
+                    {
+                        symbolizer.preload(pid, &process.mappings, &files);
+                        if let Some(native) = native.as_mut()
+                            && native.is_described(pid)
+                        {
+                            let interpreter = interpreters.attach(pid, &process.mappings);
+                            native.describe_process(pid, &process.mappings, interpreter);
+                            described.push(pid);
+                        }
+                    }
+                }
+                Lifecycle::Exit { pid, ktime_ns } => exits.push((pid, ktime_ns)),
+            });
+        }
         let mut malformed = 0u64;
         let n = sampler.drain(|bytes| match RawSample::decode(bytes) {
             Ok(sample) => {
@@ -207,8 +266,16 @@ impl CpuProfiler {
                 let comm = String::from_utf8_lossy(sample.comm());
                 let (process, learned) = processes.get_or_learn(pid, &comm);
                 let has_code = !process.mappings.is_empty();
+                // An image learned at its exec is described at its first sample.
+                let undescribed = !std::mem::replace(&mut process.described, true);
+                if learned {
+                    symbolizer.preload(pid, &process.mappings, &[]);
+                }
                 let refreshed = processes.refresh_if_unmapped(pid, sample.user_frames());
-                if (learned || refreshed)
+                if refreshed && let Some(process) = processes.get(pid) {
+                    symbolizer.preload(pid, &process.mappings, &[]);
+                }
+                if (undescribed || refreshed)
                     && has_code
                     && let Some(native) = native.as_mut()
                     && let Some(process) = processes.get(pid)
@@ -219,6 +286,7 @@ impl CpuProfiler {
                     }
                     let interpreter = interpreters.attach(pid, &process.mappings);
                     native.describe_process(pid, &process.mappings, interpreter);
+                    described.push(pid);
                 }
                 if sample.header.interpreter_words > 0
                     && let Some(plugin) = interpreters.owner_of(pid)
@@ -226,36 +294,32 @@ impl CpuProfiler {
                     let words: Vec<u64> = sample.interpreter_words().collect();
                     plugin.observe(pid, &words);
                 }
-                aggregator.add(&sample, clock.to_unix(sample.header.ktime_ns));
+                let image = processes.image_at(pid, sample.header.ktime_ns);
+                aggregator.add(&sample, clock.to_unix(sample.header.ktime_ns), image);
             }
             Err(e) => {
                 malformed += 1;
                 debug!("dropping ring-buffer record: {e}");
             }
         });
-        let mut events = Vec::new();
-        sampler.drain_events(|bytes| {
-            if let Some(event) = decode_event(bytes) {
-                events.push(event);
-            }
-        });
         if let Some(native) = native.as_mut() {
-            for event in events {
-                match event.kind() {
-                    Some(ProcessEventKind::Exit) if !processes.is_alive(event.pid) => {
-                        // The process table keeps it until the next batch is
-                        // symbolized; BPF needs nothing more of it.
-                        native.forget_process(event.pid);
-                    }
-                    Some(ProcessEventKind::Exec) => {
-                        native.forget_process(event.pid);
-                        interpreters.detach(event.pid);
-                        processes.forget(event.pid);
-                    }
-                    _ => {}
+            for (pid, ktime) in exits {
+                // The exit of the image BPF knows (not of a process the pid
+                // had before): the process table keeps it until the next
+                // batch is symbolized; BPF needs nothing more of it.
+                if processes.known_before(pid, ktime) || processes.get(pid).is_none() {
+                    native.forget_process(pid);
                 }
             }
-            native.poll_builds(|pid| processes.get(pid).map(|p| &p.mappings));
+            described.extend(native.poll_builds(|pid| processes.get(pid).map(|p| &p.mappings)));
+            // A process described after it exited had no exit event (BPF
+            // reports exits of described processes only): forget it now
+            // rather than at the next batch's sweep.
+            for pid in described {
+                if !processes.is_running(pid) {
+                    native.forget_process(pid);
+                }
+            }
         }
         if malformed > 0
             && let Ok(mut s) = stats.lock()
@@ -292,8 +356,10 @@ impl CpuProfiler {
             &mut self.symbolizer,
             &mut self.interpreters,
         );
-        // Interpreter state of exited processes is kept until their last
-        // samples are symbolized, which the batch above did.
+        // Images replaced by an exec, and the interpreter state of exited
+        // processes, are kept until their last samples are symbolized,
+        // which the batch above did.
+        self.processes.end_batch();
         for &pid in &exited {
             self.processes.forget(pid);
             self.interpreters.detach(pid);
@@ -410,10 +476,13 @@ impl CpuProfiler {
                     self.drain();
                 }
                 ready = wait_readable(ring.as_ref()) => {
-                    self.drain();
+                    // Cleared before draining: a wakeup that comes during
+                    // the drain (an exec, a new process's first sample) must
+                    // wake the next wait, not wait for the poll timer.
                     if let Some(mut guard) = ready {
                         guard.clear_ready();
                     }
+                    self.drain();
                 }
                 _ = report.tick() => {
                     let batch = self.take_batch();
@@ -458,10 +527,4 @@ async fn wait_readable(
         Some(fd) => fd.readable().await.ok(),
         None => std::future::pending().await,
     }
-}
-
-fn decode_event(bytes: &[u8]) -> Option<ProcessEvent> {
-    let pid = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?);
-    let kind = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
-    Some(ProcessEvent { pid, kind })
 }

@@ -115,7 +115,7 @@ pub struct ProgramCost {
 pub struct CpuSampler {
     ebpf: Ebpf,
     rings: SampleRings,
-    events: RingBuf<MapData>,
+    events: Option<RingBuf<MapData>>,
     unwind_maps: Option<UnwindMapSet>,
     counters: PerCpuArray<MapData, u64>,
     // The kernel empties a program array when its last user-space reference
@@ -294,7 +294,7 @@ impl CpuSampler {
         Ok(CpuSampler {
             ebpf,
             rings,
-            events,
+            events: Some(events),
             unwind_maps,
             counters,
             _programs: programs,
@@ -327,11 +327,9 @@ impl CpuSampler {
         self.rings.drain(f)
     }
 
-    /// Hands every waiting process event to `f`; never blocks.
-    pub fn drain_events(&mut self, mut f: impl FnMut(&[u8])) {
-        while let Some(item) = self.events.next() {
-            f(&item);
-        }
+    /// The process events' ring buffer, once (the caller reads it after).
+    pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.events.take()
     }
 
     /// The unwind-table and process-mapping maps, once (the caller owns them after).

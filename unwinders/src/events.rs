@@ -10,7 +10,8 @@ pub enum ProcessEventKind {
     Exec = 2,
 }
 
-/// One lifecycle event of a process BPF knows (one with a mapping table).
+/// One lifecycle event: the exit of a process BPF knows (one with a
+/// mapping table), or the exec of any process within the PID filter.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessEvent {
@@ -18,9 +19,12 @@ pub struct ProcessEvent {
     pub pid: u32,
     /// A [`ProcessEventKind`] value.
     pub kind: u32,
+    /// `bpf_ktime_get_ns()` when it happened: samples before an exec belong
+    /// to the image it replaced.
+    pub ktime_ns: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8);
+const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 16);
 
 impl ProcessEvent {
     /// The kind, if it is a known one.

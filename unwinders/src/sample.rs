@@ -31,6 +31,9 @@ pub mod flags {
     pub const INTERPRETER_TRUNCATED: u32 = 1 << 4;
     /// The interpreter walk stopped on unreadable memory.
     pub const INTERPRETER_INCOMPLETE: u32 = 1 << 5;
+    /// User space had not described the process yet (unwound with frame
+    /// pointers); its reader is woken to learn the process while it runs.
+    pub const PROCESS_UNDESCRIBED: u32 = 1 << 6;
 }
 
 /// Fixed part of a sample.
@@ -99,8 +102,11 @@ pub struct UnwindState {
     pub samples_since_query: u16,
     /// Interpreter frames walked so far (counted once, at emit).
     pub python_frames: u16,
+    /// `bpf_ktime_get_ns() >> 20` (about milliseconds, wrapping) when this
+    /// CPU last woke the reader for an undescribed process. Kept across samples.
+    pub undescribed_wakeup: u16,
     /// Zero.
-    pub reserved: [u16; 3],
+    pub reserved: [u16; 2],
     /// The next interpreter frame to walk; [`INTERPRETER_WALK_START`] before
     /// the interpreter unwinder's first run, 0 when its walk is done.
     pub interpreter_frame: u64,

@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::support::bpf_maps::{Snapshot, UnwinderMaps};
+use crate::support::summary::DecodedSample;
 
 /// Counts (pids, tables) and what they were at most while a poller ran.
 #[derive(Debug, Default)]
@@ -246,5 +247,105 @@ impl Outcome {
             new_unrelated.len(),
             gone.len()
         );
+    }
+}
+
+/// How many samples of short-lived processes were symbolized: their
+/// user-space leaf named and in a known file, under the right executable.
+#[derive(Debug, Default, Clone)]
+pub struct SymbolizedShare {
+    /// Unsymbolized samples by their leaf's mapping (or its absence).
+    pub unsymbolized_by_mapping: BTreeMap<String, u64>,
+    /// A few unsymbolized samples, for the failure message.
+    pub examples: Vec<String>,
+    /// Samples of the processes with a user-space frame, outside `execve`.
+    pub user_samples: u64,
+    /// Of those, samples whose user leaf has a function name and a mapping.
+    pub symbolized: u64,
+    /// Of those, samples attributed to the right executable.
+    pub named_process: u64,
+    /// Samples of the processes in the kernel only (exec, exit, faults).
+    pub kernel_only: u64,
+    /// Samples inside `execve`: the image being replaced is the parent's
+    /// copy, never learned, so their user frames stay addresses.
+    pub in_exec: u64,
+}
+
+impl SymbolizedShare {
+    pub fn of(samples: &[DecodedSample], pids: &BTreeSet<u32>, exe: &Path) -> SymbolizedShare {
+        let exe_name = exe.file_name().map(|n| n.to_string_lossy().to_string());
+        let mut share = SymbolizedShare::default();
+        for sample in samples.iter().filter(|s| {
+            s.pid
+                .is_some_and(|p| u32::try_from(p).is_ok_and(|p| pids.contains(&p)))
+        }) {
+            let Some(leaf) = sample.user_leaf() else {
+                share.kernel_only += sample.count;
+                continue;
+            };
+            let in_exec = sample.stack.iter().any(|f| {
+                f.is_kernel()
+                    && (f.function.starts_with("__x64_sys_execve")
+                        || f.function.starts_with("do_execveat_common"))
+            });
+            if in_exec {
+                share.in_exec += sample.count;
+                continue;
+            }
+            share.user_samples += sample.count;
+            if !leaf.function.is_empty() && leaf.mapping.is_some() {
+                share.symbolized += sample.count;
+            } else {
+                let key = format!(
+                    "{} ({})",
+                    leaf.mapping.as_deref().unwrap_or("no mapping"),
+                    if leaf.function.is_empty() {
+                        "no function"
+                    } else {
+                        "named"
+                    }
+                );
+                *share.unsymbolized_by_mapping.entry(key).or_default() += sample.count;
+                if share.examples.len() < 8 {
+                    let frames: Vec<String> = sample
+                        .stack
+                        .iter()
+                        .map(|f| format!("{}@{:#x}", f.function, f.address))
+                        .collect();
+                    share.examples.push(format!(
+                        "{:?} tid {:?} x{}: {}",
+                        sample.comm,
+                        sample.thread_id,
+                        sample.count,
+                        frames.join(" < ")
+                    ));
+                }
+            }
+            if sample.comm == exe_name {
+                share.named_process += sample.count;
+            }
+        }
+        share
+    }
+}
+
+impl std::fmt::Display for SymbolizedShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let pct = |n: u64| 100.0 * n as f64 / self.user_samples.max(1) as f64;
+        write!(
+            f,
+            "{} of {} samples with a user frame symbolized ({:.1}%), {} under the right executable \
+             ({:.1}%); {} in the kernel only, {} inside execve (user frames of the image it replaces); \
+             unsymbolized leaves: {:?}; for example:\n  {}",
+            self.symbolized,
+            self.user_samples,
+            pct(self.symbolized),
+            self.named_process,
+            pct(self.named_process),
+            self.kernel_only,
+            self.in_exec,
+            self.unsymbolized_by_mapping,
+            self.examples.join("\n  ")
+        )
     }
 }

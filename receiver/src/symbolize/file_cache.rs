@@ -9,7 +9,8 @@ use icecore_otlp::model::Line;
 use super::debug::{self, DebugInfo, RawFrame};
 use super::elf::{ElfError, ElfSymbols};
 use super::{CachedFile, DebugEntry, DebugState, FileKey, LoadedFile, Symbolizer, make_line, vdso};
-use crate::process_maps::MappedFile;
+use crate::exec_watch::HeldFile;
+use crate::process_maps::{MappedFile, ProcessMappings};
 
 impl Symbolizer {
     /// The lines of the code at `file_offset` of the mapping's file, its build
@@ -137,9 +138,39 @@ impl Symbolizer {
         }
     }
 
+    /// Parses the files of a process's executable mappings now, while the
+    /// process runs and its files can be opened through `/proc/PID`: a
+    /// short-lived process is gone by the time its samples are symbolized,
+    /// and a file in a container or deleted since is then out of reach.
+    /// Files already parsed cost a look-up.
+    /// `held` are files opened earlier (right after an exec), read through
+    /// `/proc/self/fd` when the process's own paths to them are gone.
+    pub fn preload(&mut self, pid: u32, mappings: &ProcessMappings, held: &[HeldFile]) {
+        for mapping in mappings
+            .mappings()
+            .iter()
+            .filter(|m| m.executable && !m.is_vdso())
+        {
+            let held = held
+                .iter()
+                .find(|h| h.dev == mapping.dev && h.inode == mapping.inode);
+            let _ = self.load_file_from(pid, mapping, held);
+        }
+    }
+
     /// Makes sure the mapping's file is parsed (or known broken); returns its key
     /// when parsed, and whether a failure may be temporary.
     fn load_file(&mut self, pid: u32, mapping: &MappedFile) -> (Option<FileKey>, bool) {
+        self.load_file_from(pid, mapping, None)
+    }
+
+    /// [`Self::load_file`], trying `held` first when given.
+    fn load_file_from(
+        &mut self,
+        pid: u32,
+        mapping: &MappedFile,
+        held: Option<&HeldFile>,
+    ) -> (Option<FileKey>, bool) {
         let key = FileKey {
             dev: mapping.dev,
             inode: mapping.inode,
@@ -161,7 +192,10 @@ impl Symbolizer {
             _ => {}
         }
         self.stats.file_cache_misses += 1;
-        let (cached, result) = match load_symbols(pid, mapping, self.limits.max_file_size) {
+        let loaded = held
+            .and_then(|h| ElfSymbols::load_with_limit(h.path(), self.limits.max_file_size).ok())
+            .map_or_else(|| load_symbols(pid, mapping, self.limits.max_file_size), Ok);
+        let (cached, result) = match loaded {
             Ok(symbols) => {
                 self.stats.files_loaded += 1;
                 let file = LoadedFile {
