@@ -1,5 +1,9 @@
-//! Criterion benchmarks live in benches/benches/ and the overhead benchmark
-//! in src/bin/overhead/; this is what they share.
+//! Criterion benchmarks live in benches/benches/, the overhead and
+//! robustness benchmarks in src/bin/; this is what they share.
+
+pub mod agent;
+pub mod pprof_read;
+pub mod proc;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -58,4 +62,72 @@ pub fn fit(points: &[(f64, f64)]) -> (f64, f64) {
     let sxx: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
     let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
     (my - slope * mx, slope)
+}
+
+/// `icecore --version` and the commit of this checkout.
+pub fn icecore_version(binary: &Path) -> String {
+    let version = Command::new(binary)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let commit = Command::new("git")
+        .args([
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "rev-parse",
+            "--short",
+            "HEAD",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    match commit {
+        Some(c) => format!("{version} (commit {c})"),
+        None => version,
+    }
+}
+
+/// Writes `text` as the section `name` of the Markdown file at `path`: the
+/// part between `<!-- name:begin -->` and `<!-- name:end -->`, replaced if
+/// there, appended if not, so that each benchmark keeps the others' results.
+pub fn write_section(path: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    let existing = match std::fs::read_to_string(path) {
+        Ok(existing) => existing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    std::fs::write(path, with_section(&existing, name, text))
+}
+
+fn with_section(existing: &str, name: &str, text: &str) -> String {
+    let (begin, end) = (
+        format!("<!-- {name}:begin -->"),
+        format!("<!-- {name}:end -->"),
+    );
+    let section = format!("{begin}\n{}\n{end}", text.trim_end());
+    match (existing.find(&begin), existing.find(&end)) {
+        (Some(b), Some(e)) if b < e => {
+            format!("{}{section}{}", &existing[..b], &existing[e + end.len()..])
+        }
+        _ if existing.trim().is_empty() => format!("{section}\n"),
+        _ => format!("{}\n\n{section}\n", existing.trim_end()),
+    }
+}
+
+#[cfg(test)]
+mod section_tests {
+    use super::with_section;
+
+    #[test]
+    fn sections_are_replaced_or_appended() {
+        let one = with_section("", "a", "first\n");
+        assert_eq!(one, "<!-- a:begin -->\nfirst\n<!-- a:end -->\n");
+        let two = with_section(&one, "b", "second");
+        assert!(two.starts_with(&one.trim_end().to_string()));
+        let replaced = with_section(&two, "a", "again");
+        assert!(replaced.contains("again") && !replaced.contains("first"));
+        assert!(replaced.contains("second"));
+    }
 }

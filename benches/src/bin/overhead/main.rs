@@ -7,26 +7,26 @@
 //! window of `--seconds`, after `--warmup` for icecore (its start-up —
 //! loading BPF, building the first unwind tables — is reported apart).
 
-mod icecore;
 mod perf;
-mod proc;
 mod report;
 mod self_profile;
 mod workload;
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, bail};
 use clap::Parser;
 
+use icecore_benches::{
+    agent::Icecore,
+    proc::{self, CpuTracker, monotonic_ns},
+};
+
 use crate::{
-    icecore::Icecore,
     perf::PerfRecord,
-    proc::{CpuTracker, monotonic_ns},
     report::{Machine, Report, Row},
     self_profile::SelfProfile,
     workload::Workload,
@@ -93,7 +93,7 @@ fn main() -> anyhow::Result<()> {
     }
     let scratch = tempfile::tempdir()?;
     let mut machine = Machine::detect();
-    machine.icecore = icecore_version(&icecore);
+    machine.icecore = icecore_benches::icecore_version(&icecore);
     machine.python = workload::python_version(&args.python);
     if !args.skip_perf {
         machine.perf = Some(perf::version(&args.perf).with_context(|| {
@@ -152,34 +152,10 @@ fn main() -> anyhow::Result<()> {
     };
     let text = report.markdown();
     println!("{text}");
-    std::fs::write(&args.output, &text)
+    icecore_benches::write_section(&args.output, "overhead", &text)
         .with_context(|| format!("cannot write {}", args.output.display()))?;
     eprintln!("written to {}", args.output.display());
     Ok(())
-}
-
-fn icecore_version(binary: &Path) -> String {
-    let version = Command::new(binary)
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
-    let commit = Command::new("git")
-        .args([
-            "-C",
-            env!("CARGO_MANIFEST_DIR"),
-            "rev-parse",
-            "--short",
-            "HEAD",
-        ])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
-    match commit {
-        Some(c) => format!("{version} (commit {c})"),
-        None => version,
-    }
 }
 
 /// Sleeps through a window; returns its CLOCK_MONOTONIC bounds.

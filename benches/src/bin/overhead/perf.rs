@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::proc::{self, Reaped};
+use icecore_benches::proc::{self, Reaped};
 
 /// A running `perf record`.
 pub struct PerfRecord {

@@ -2,10 +2,9 @@
 //! included, so its pprof files hold its own samples. The functions they end
 //! in (self time) show what to optimize when a target is missed.
 
-use std::{collections::HashMap, io::Read, path::Path};
+use std::{collections::HashMap, path::Path};
 
-use icecore_otlp::pprof::{LABEL_PID, Profile};
-use prost::Message;
+use icecore_benches::pprof_read;
 
 /// Samples of one process in a directory of gzipped pprof files, by the
 /// function each stack ends in (its leaf, inlined frames resolved).
@@ -17,49 +16,28 @@ pub struct SelfProfile {
 
 impl SelfProfile {
     pub fn read(dir: &Path, pid: u32) -> anyhow::Result<SelfProfile> {
+        Ok(Self::of(&pprof_read::read_dir(dir)?, pid))
+    }
+
+    fn of(samples: &[pprof_read::Sample], pid: u32) -> SelfProfile {
         let mut leaves: HashMap<String, u64> = HashMap::new();
-        let mut samples = 0;
-        for entry in std::fs::read_dir(dir)? {
-            let path = entry?.path();
-            let mut bytes = Vec::new();
-            flate2::read::GzDecoder::new(std::fs::File::open(&path)?).read_to_end(&mut bytes)?;
-            let profile = Profile::decode(bytes.as_slice())?;
-            tally(&profile, pid, &mut samples, &mut leaves);
+        let mut total = 0;
+        for sample in samples.iter().filter(|s| s.pid == Some(pid)) {
+            total += sample.count;
+            let leaf = sample
+                .frames
+                .first()
+                .map(|f| f.function.as_str())
+                .filter(|f| !f.is_empty())
+                .unwrap_or("(unsymbolized)");
+            *leaves.entry(shorten(leaf)).or_default() += sample.count;
         }
         let mut leaves: Vec<_> = leaves.into_iter().collect();
         leaves.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        Ok(SelfProfile { samples, leaves })
-    }
-}
-
-fn tally(profile: &Profile, pid: u32, samples: &mut u64, leaves: &mut HashMap<String, u64>) {
-    let string = |i: i64| {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| profile.string_table.get(i))
-            .map_or("", String::as_str)
-    };
-    let locations: HashMap<u64, _> = profile.location.iter().map(|l| (l.id, l)).collect();
-    let functions: HashMap<u64, _> = profile.function.iter().map(|f| (f.id, f)).collect();
-    for sample in &profile.sample {
-        let of_pid = sample
-            .label
-            .iter()
-            .any(|l| string(l.key) == LABEL_PID && l.num == i64::from(pid));
-        if !of_pid {
-            continue;
+        SelfProfile {
+            samples: total,
+            leaves,
         }
-        let count = sample.value.first().copied().unwrap_or(0).max(0) as u64;
-        *samples += count;
-        // Leaf location first; within it, the innermost inlined line first.
-        let leaf = sample
-            .location_id
-            .first()
-            .and_then(|id| locations.get(id))
-            .and_then(|l| l.line.first())
-            .and_then(|line| functions.get(&line.function_id))
-            .map_or("(unsymbolized)", |f| string(f.name));
-        *leaves.entry(shorten(leaf)).or_default() += count;
     }
 }
 
@@ -82,7 +60,10 @@ fn shorten(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use icecore_otlp::pprof::proto::{Function, Label, Line, Location, Sample};
+    use icecore_otlp::pprof::{
+        Profile,
+        proto::{Function, Label, Line, Location, Sample},
+    };
 
     #[test]
     fn shortens_generics() {
@@ -145,10 +126,8 @@ mod tests {
             ],
             ..Default::default()
         };
-        let (mut samples, mut leaves) = (0, HashMap::new());
-        tally(&profile, 42, &mut samples, &mut leaves);
-        assert_eq!(samples, 3);
-        assert_eq!(leaves.get("leaf"), Some(&3));
-        assert_eq!(leaves.len(), 1);
+        let of_42 = SelfProfile::of(&pprof_read::samples_of(&profile), 42);
+        assert_eq!(of_42.samples, 3);
+        assert_eq!(of_42.leaves, vec![("leaf".to_owned(), 3)]);
     }
 }

@@ -134,10 +134,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let exe = build_native(dir.path(), "cc").expect("cc builds the fixture");
         let mut fixture = Workload::spawn("native", &mut Command::new(&exe)).expect("spawn");
-        let start = crate::proc::monotonic_ns();
+        let start = icecore_benches::proc::monotonic_ns();
         std::thread::sleep(std::time::Duration::from_millis(900));
         assert!(fixture.is_running());
-        let rate = fixture.rate(start, crate::proc::monotonic_ns());
+        let rate = fixture.rate(start, icecore_benches::proc::monotonic_ns());
         assert!(rate.is_some_and(|r| r > 0.0), "{rate:?}");
     }
 }

@@ -1,6 +1,6 @@
 //! icecore under measurement: spawned system-wide with its defaults except
-//! the sampling rate, writing pprof files to a scratch directory, and read
-//! through its `/metrics`.
+//! the sampling rate and what a benchmark adds, writing pprof files to a
+//! scratch directory, and read through its `/metrics`.
 
 use std::{
     collections::HashMap,
@@ -59,10 +59,28 @@ fn free_port() -> anyhow::Result<u16> {
 
 impl Icecore {
     pub fn spawn(binary: &Path, frequency_hz: u32, scratch: &Path) -> anyhow::Result<Icecore> {
+        Self::spawn_named(
+            binary,
+            frequency_hz,
+            &[],
+            scratch,
+            &format!("{frequency_hz}hz"),
+        )
+    }
+
+    /// [`Self::spawn`] with `extra` flags; `name` tells its log and pprof
+    /// directory from other runs' in `scratch`.
+    pub fn spawn_named(
+        binary: &Path,
+        frequency_hz: u32,
+        extra: &[&str],
+        scratch: &Path,
+        name: &str,
+    ) -> anyhow::Result<Icecore> {
         let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let pprof_dir = scratch.join(format!("pprof-{frequency_hz}hz"));
+        let pprof_dir = scratch.join(format!("pprof-{name}"));
         std::fs::create_dir_all(&pprof_dir)?;
-        let log = scratch.join(format!("icecore-{frequency_hz}hz.log"));
+        let log = scratch.join(format!("icecore-{name}.log"));
         let child = Command::new(binary)
             .arg("--sampling-frequency")
             .arg(frequency_hz.to_string())
@@ -70,6 +88,7 @@ impl Icecore {
             .arg(&pprof_dir)
             .arg("--http-address")
             .arg(http.to_string())
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
