@@ -450,3 +450,45 @@ fn unprivileged_run_says_what_it_needs() {
     );
     assert!(!stderr.contains("panicked"), "icecore panicked:\n{stderr}");
 }
+
+/// A listener address already in use is reported before any BPF program is
+/// loaded, naming the flag; the port of the receiver too.
+#[test]
+fn a_taken_port_is_reported_before_bpf_loads() {
+    const TEST: &str = "a_taken_port_is_reported_before_bpf_loads";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = tmp.path().join("pprof");
+    make_dir(&out);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let address = taken.local_addr().expect("its address").to_string();
+    for (flag, extra) in [
+        ("--http-address", vec![s("--http-address"), address.clone()]),
+        (
+            "--otlp-listen",
+            vec![
+                s("--http-address"),
+                s("127.0.0.1:0"),
+                s("--otlp-listen"),
+                address.clone(),
+            ],
+        ),
+    ] {
+        let mut args = vec![s("--pprof-dir"), s(out.display()), s("--duration"), s("5s")];
+        args.extend(extra);
+        let started = std::time::Instant::now();
+        let stderr = rejected(&args, tmp.path());
+        assert!(
+            stderr.contains(&format!("{flag} {address}: cannot listen")),
+            "the error names {flag}:\n{stderr}"
+        );
+        assert!(
+            !stderr.contains("sampling started") && !stderr.contains("BPF program loaded"),
+            "BPF was loaded before the port was found taken:\n{stderr}"
+        );
+        println!("{flag} clash reported in {:?}", started.elapsed());
+    }
+}

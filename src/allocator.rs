@@ -8,8 +8,9 @@
 //! requests, table builds) in their own mappings, returned whole on free.
 //! Fewer arenas bound what the runtime's threads each keep around.
 
-/// Blocks at least this large are mapped on their own.
-const MMAP_THRESHOLD: i32 = 256 << 10;
+/// Blocks at least this large are mapped on their own (glibc's own initial
+/// threshold, kept fixed).
+const MMAP_THRESHOLD: i32 = 128 << 10;
 /// Malloc arenas shared by all threads.
 const ARENAS: i32 = 2;
 /// How often free memory inside the arenas is given back.

@@ -141,6 +141,9 @@ impl NativeUnwindInfo {
                             None
                         }
                     });
+                    // The build's transient memory (the CFI sections, the
+                    // unmerged rows) goes back to the system now.
+                    crate::host::release_free_memory();
                     if result_tx.send((job.key, built)).is_err() {
                         break;
                     }
@@ -268,7 +271,10 @@ impl NativeUnwindInfo {
                 return None;
             }
         }
-        match self.maps.install_table(built.file_id, &built.rows) {
+        match self
+            .maps
+            .install_rows(built.file_id, built.rows.len(), built.rows.iter())
+        {
             Ok(slot) => {
                 self.users.entry(key).or_default().insert(pid);
                 Some(slot)

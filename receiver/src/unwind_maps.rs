@@ -11,7 +11,10 @@ use std::{
 
 use crate::map_memory::map_memlock;
 use aya::maps::{Array, ArrayOfMaps, HashMap, IterableMap, Map, MapData, MapError};
-use icecore_unwinders::native::{ProcessMappingTable, UnwindChunk, UnwindRow, chunks::to_chunks};
+use icecore_unwinders::native::{
+    ChunkLayout, ProcessMappingTable, UnwindChunk, UnwindRow,
+    chunks::{FENCE_SLOTS, ROWS_PER_CHUNK},
+};
 
 /// The flags every unwind table must have: the kernel only accepts inner maps
 /// whose flags match the template's (`ebpf/src/maps.rs`).
@@ -141,11 +144,25 @@ impl UnwindMaps {
         file_id: u64,
         rows: &[UnwindRow],
     ) -> Result<u32, UnwindMapError> {
+        self.install_rows(file_id, rows.len(), rows.iter().copied())
+    }
+
+    /// [`Self::install_table`] from `len` sorted rows given one by one: they
+    /// are written straight into the new map, never gathered in memory.
+    pub fn install_rows(
+        &mut self,
+        file_id: u64,
+        len: usize,
+        rows: impl Iterator<Item = UnwindRow>,
+    ) -> Result<u32, UnwindMapError> {
         if let Some(installed) = self.installed.get(&file_id) {
             return Ok(installed.slot);
         }
-        let chunks = to_chunks(rows).ok_or(UnwindMapError::BadSize(rows.len()))?;
-        let count = u32::try_from(chunks.len()).map_err(|_| UnwindMapError::BadSize(rows.len()))?;
+        let layout = u32::try_from(len)
+            .ok()
+            .and_then(ChunkLayout::of)
+            .ok_or(UnwindMapError::BadSize(len))?;
+        let count = layout.elements();
         let slot = *self
             .free_slots
             .last()
@@ -157,13 +174,9 @@ impl UnwindMaps {
             count,
             UNWIND_TABLE_FLAGS,
         );
-        let inner = MapData::create(params, "unwind_table", None).map_err(|source| {
-            UnwindMapError::Create {
-                rows: rows.len(),
-                source,
-            }
-        })?;
-        write_through_mmap(&inner, &chunks)?;
+        let inner = MapData::create(params, "unwind_table", None)
+            .map_err(|source| UnwindMapError::Create { rows: len, source })?;
+        write_rows_through_mmap(&inner, layout, len, rows)?;
         let memlock = map_memlock(inner.fd().as_fd()).unwrap_or(0);
         self.tables
             .set(slot, &inner, 0)
@@ -173,7 +186,7 @@ impl UnwindMaps {
             })?;
         // The outer map now holds the kernel's reference; `inner` may close.
         self.free_slots.pop();
-        let bytes = std::mem::size_of_val(chunks.as_slice());
+        let bytes = count as usize * size_of::<UnwindChunk>();
         self.installed.insert(
             file_id,
             Installed {
@@ -309,12 +322,20 @@ fn duplicate_array_of_maps(map: &Map) -> Result<std::os::fd::OwnedFd, UnwindMapE
     .map_err(UnwindMapError::Descriptor)
 }
 
-/// Copies `chunks` into a freshly created mmap-able array: one memcpy instead
-/// of one syscall per element.
-fn write_through_mmap(map: &MapData, chunks: &[UnwindChunk]) -> Result<(), UnwindMapError> {
+/// Writes `len` sorted rows into a freshly created mmap-able array laid out
+/// as `layout` (fence, then rows, padded as
+/// [`to_chunks`](icecore_unwinders::native::chunks::to_chunks) pads them): one
+/// pass over the rows, no copy of the table in between.
+fn write_rows_through_mmap(
+    map: &MapData,
+    layout: ChunkLayout,
+    len: usize,
+    rows: impl Iterator<Item = UnwindRow>,
+) -> Result<(), UnwindMapError> {
     // SAFETY: sysconf has no memory-safety preconditions.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let bytes = std::mem::size_of_val(chunks);
+    let elements = layout.elements() as usize;
+    let bytes = elements * size_of::<UnwindChunk>();
     let length = bytes.div_ceil(page) * page;
     let fd = map.fd().as_fd().as_raw_fd();
     // SAFETY: a fresh shared mapping of the array's whole (page-rounded) size.
@@ -331,10 +352,32 @@ fn write_through_mmap(map: &MapData, chunks: &[UnwindChunk]) -> Result<(), Unwin
     if address == libc::MAP_FAILED {
         return Err(UnwindMapError::Mmap(std::io::Error::last_os_error()));
     }
-    // SAFETY: the mapping is at least `bytes` long and not aliased; chunks are POD.
-    unsafe {
-        std::ptr::copy_nonoverlapping(chunks.as_ptr().cast::<u8>(), address.cast::<u8>(), bytes);
-        libc::munmap(address, length);
+    // SAFETY: the mapping is at least `bytes` long, aligned to a page, not
+    // aliased, and every bit pattern is a valid chunk.
+    let chunks = unsafe { std::slice::from_raw_parts_mut(address.cast::<UnwindChunk>(), elements) };
+    let per_fence = layout.stride as usize * ROWS_PER_CHUNK;
+    let mut fence = [u32::MAX; FENCE_SLOTS];
+    let mut written = 0usize;
+    for (i, row) in rows.take(len).enumerate() {
+        if i % per_fence == 0 {
+            fence[i / per_fence] = row.pc;
+        }
+        chunks[1 + i / ROWS_PER_CHUNK].rows[i % ROWS_PER_CHUNK] = row;
+        written += 1;
+    }
+    // Padding sorts after every row (see `find_row`).
+    let padding = UnwindRow {
+        pc: u32::MAX,
+        ..UnwindRow::default()
+    };
+    for i in written..layout.data_chunks as usize * ROWS_PER_CHUNK {
+        chunks[1 + i / ROWS_PER_CHUNK].rows[i % ROWS_PER_CHUNK] = padding;
+    }
+    chunks[0] = UnwindChunk::from_fence(fence);
+    // SAFETY: `chunks` is not used after this.
+    unsafe { libc::munmap(address, length) };
+    if written != len {
+        return Err(UnwindMapError::BadSize(written));
     }
     Ok(())
 }

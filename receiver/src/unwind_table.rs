@@ -4,10 +4,7 @@
 
 use std::path::Path;
 
-use icecore_unwinders::{
-    native::UnwindRow,
-    table::{FileId, TableError, UnwindTable},
-};
+use icecore_unwinders::table::{CollectedCfi, FileId, PackedRows, TableError};
 use object::{Object, ObjectSegment};
 
 use crate::process_maps::MappedFile;
@@ -69,8 +66,9 @@ struct LoadSegment {
 pub struct BuiltTable {
     /// Content-derived ID: the key in `UNWIND_TABLES`.
     pub file_id: u64,
-    /// The rows, sorted by PC.
-    pub rows: Vec<UnwindRow>,
+    /// The rows, sorted by PC, packed (about 2 bytes a row): tables stay
+    /// cached in user space after their processes exit.
+    pub rows: PackedRows,
     segments: Vec<LoadSegment>,
 }
 
@@ -119,7 +117,13 @@ pub fn build_table(path: &Path) -> Result<BuiltTable, TableBuildError> {
         return Err(TableBuildError::TooLarge { path: name(), size });
     }
     let file_id = FileId::from_file(&file).map_err(read_error)?;
-    table_of_elf(&object::ReadCache::new(&file), file_id, name)
+    // The read cache (the CFI sections' bytes) goes before the table is
+    // assembled: only the evaluated rows are needed for that.
+    let (segments, collected) = {
+        let cache = object::ReadCache::new(&file);
+        collect_elf(&cache, &name)?
+    };
+    finish_table(segments, collected, file_id, name)
 }
 
 /// The table of this kernel's vDSO, which every 64-bit process maps: built
@@ -127,7 +131,10 @@ pub fn build_table(path: &Path) -> Result<BuiltTable, TableBuildError> {
 pub fn vdso_table() -> Option<BuiltTable> {
     let vdso = crate::symbolize::vdso::own()?;
     let file_id = FileId::from_bytes(&vdso.image);
-    match table_of_elf(vdso.image.as_slice(), file_id, || "[vdso]".to_string()) {
+    let name = || "[vdso]".to_string();
+    let table = collect_elf(vdso.image.as_slice(), &name)
+        .and_then(|(segments, collected)| finish_table(segments, collected, file_id, name));
+    match table {
         Ok(table) => Some(table),
         Err(e) => {
             tracing::warn!("vDSO frames will use frame pointers: {e}");
@@ -136,11 +143,10 @@ pub fn vdso_table() -> Option<BuiltTable> {
     }
 }
 
-fn table_of_elf<'data, R: object::ReadRef<'data>>(
+fn collect_elf<'data, R: object::ReadRef<'data>>(
     data: R,
-    file_id: FileId,
-    name: impl Fn() -> String,
-) -> Result<BuiltTable, TableBuildError> {
+    name: &impl Fn() -> String,
+) -> Result<(Vec<LoadSegment>, CollectedCfi), TableBuildError> {
     let file = object::File::parse(data).map_err(|e| TableBuildError::NotElf {
         path: name(),
         message: e.to_string(),
@@ -161,16 +167,31 @@ fn table_of_elf<'data, R: object::ReadRef<'data>>(
             })
         })
         .collect();
-    let table = UnwindTable::from_elf_reader(data).map_err(|source| TableBuildError::Table {
-        path: name(),
-        source,
-    })?;
-    if table.is_empty() {
+    let collected =
+        CollectedCfi::from_elf_reader(data).map_err(|source| TableBuildError::Table {
+            path: name(),
+            source,
+        })?;
+    Ok((segments, collected))
+}
+
+fn finish_table(
+    segments: Vec<LoadSegment>,
+    collected: CollectedCfi,
+    file_id: FileId,
+    name: impl Fn() -> String,
+) -> Result<BuiltTable, TableBuildError> {
+    let (rows, _stats) =
+        PackedRows::assemble(collected).map_err(|source| TableBuildError::Table {
+            path: name(),
+            source,
+        })?;
+    if rows.is_empty() {
         return Err(TableBuildError::Empty(name()));
     }
     Ok(BuiltTable {
         file_id: file_id.0,
-        rows: table.rows().to_vec(),
+        rows,
         segments,
     })
 }
@@ -190,11 +211,37 @@ mod tests {
         let bias = built.load_bias(mapping).unwrap();
         // The function's ELF address must be covered by the table.
         let vaddr = here - bias;
-        let first = u64::from(built.rows[0].pc);
+        let first = u64::from(built.rows.iter().next().unwrap().pc);
         assert!(
             vaddr >= first,
             "vaddr {vaddr:#x} below the table's first pc {first:#x}"
         );
+    }
+
+    /// The streamed, packed build gives exactly the rows of the whole-table
+    /// build, on this test binary (Rust, large) and on libc (assembly,
+    /// hand-written CFI).
+    #[test]
+    fn packed_rows_are_the_whole_tables_rows() {
+        // SAFETY: dlsym with a NUL-terminated name and the default handle.
+        let malloc = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) } as u64;
+        let maps = crate::process_maps::ProcessMappings::read(std::process::id()).unwrap();
+        let libc_path = maps.find(malloc).unwrap().path.to_string();
+        for path in [
+            std::fs::read_link("/proc/self/exe").unwrap(),
+            libc_path.into(),
+        ] {
+            let data = std::fs::read(&path).unwrap();
+            let whole = icecore_unwinders::table::UnwindTable::from_elf(&data).unwrap();
+            let built = build_table(&path).unwrap();
+            assert_eq!(built.rows.len(), whole.rows().len(), "{}", path.display());
+            assert!(
+                built.rows.iter().eq(whole.rows().iter().copied()),
+                "{}: packed rows differ",
+                path.display()
+            );
+            assert!(built.rows.heap_size() * 2 < whole.rows().len() * 8);
+        }
     }
 
     #[test]
@@ -203,7 +250,7 @@ mod tests {
         // offset 0x16de0 (vaddr 0x17de0) share the file page 0x16000.
         let table = BuiltTable {
             file_id: 1,
-            rows: Vec::new(),
+            rows: PackedRows::default(),
             segments: vec![
                 LoadSegment {
                     offset: 0,

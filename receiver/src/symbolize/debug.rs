@@ -50,7 +50,7 @@ impl DebugInfo {
                 let fallback = dwarf
                     .symbols()
                     .and_then(|s| s.lookup_vaddr(vaddr))
-                    .map(|s| s.name.to_owned());
+                    .map(|s| s.name.into_owned());
                 let frames = frames
                     .into_iter()
                     .map(|f| RawFrame {

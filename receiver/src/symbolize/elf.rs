@@ -6,6 +6,7 @@
 //! tables. Function symbols of `.symtab` and `.dynsym` are merged, sorted by
 //! address and kept with their names in one string arena.
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
@@ -74,18 +75,21 @@ pub struct LoadSegment {
     pub mem_size: u64,
 }
 
+pub use names::{COMPRESS_NAMES_FROM, NAMES_PER_BLOCK};
+use names::{Names, NamesBuilder};
+
 /// A resolved symbol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SymbolRef<'a> {
     /// The name as stored in the file (mangled).
-    pub name: &'a str,
+    pub name: Cow<'a, str>,
     /// Virtual address of the symbol's first byte.
     pub address: u64,
     /// How far into the symbol the looked-up address is.
     pub offset: u64,
 }
 
-/// One function: `[start, end)` and its name in the arena.
+/// One function: `[start, end)` and its name in its block of [`Names`].
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     start: u64,
@@ -136,7 +140,7 @@ pub struct DebugHints {
 #[derive(Debug, Default)]
 pub struct ElfSymbols {
     entries: Vec<Entry>,
-    names: String,
+    names: Names,
     build_id: Option<Arc<str>>,
     segments: Vec<LoadSegment>,
     hints: DebugHints,
@@ -190,15 +194,29 @@ impl ElfSymbols {
 
     /// The function containing the virtual address `vaddr` (as linked, no load bias).
     pub fn lookup_vaddr(&self, vaddr: u64) -> Option<SymbolRef<'_>> {
+        let (index, address) = self.function_at(vaddr)?;
+        Some(SymbolRef {
+            name: self.name_at(index),
+            address,
+            offset: vaddr - address,
+        })
+    }
+
+    /// The index and start address of the function containing `vaddr`,
+    /// without reading its name (see [`Self::name_at`]).
+    pub fn function_at(&self, vaddr: u64) -> Option<(usize, u64)> {
         let index = self
             .entries
             .partition_point(|e| e.start <= vaddr)
             .checked_sub(1)?;
         let entry = self.entries.get(index)?;
-        (vaddr < entry.end).then(|| SymbolRef {
-            name: self.name(entry),
-            address: entry.start,
-            offset: vaddr - entry.start,
+        (vaddr < entry.end).then_some((index, entry.start))
+    }
+
+    /// The name of the function at `index` (from [`Self::function_at`]).
+    pub fn name_at(&self, index: usize) -> Cow<'_, str> {
+        self.entries.get(index).map_or(Cow::Borrowed(""), |e| {
+            self.names.get(index, e.name_start, e.name_len)
         })
     }
 
@@ -222,16 +240,13 @@ impl ElfSymbols {
     /// Address of the first function named exactly `name` (linear scan; for tests
     /// and one-off look-ups, not the hot path).
     pub fn symbol_address(&self, name: &str) -> Option<u64> {
-        self.entries
-            .iter()
-            .find(|e| self.name(e) == name)
-            .map(|e| e.start)
+        self.symbols().find(|s| s.name == name).map(|s| s.address)
     }
 
     /// All functions in address order.
     pub fn symbols(&self) -> impl Iterator<Item = SymbolRef<'_>> {
-        self.entries.iter().map(|e| SymbolRef {
-            name: self.name(e),
+        self.entries.iter().enumerate().map(|(index, e)| SymbolRef {
+            name: self.names.get(index, e.name_start, e.name_len),
             address: e.start,
             offset: 0,
         })
@@ -265,20 +280,13 @@ impl ElfSymbols {
     /// Approximate heap bytes held.
     pub fn heap_size(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<Entry>()
-            + self.names.capacity()
+            + self.names.heap_size()
             + self.segments.capacity() * std::mem::size_of::<LoadSegment>()
             + self
                 .hints
                 .debuglink
                 .as_ref()
                 .map_or(0, |l| l.name.capacity())
-    }
-
-    fn name(&self, entry: &Entry) -> &str {
-        let start = entry.name_start as usize;
-        self.names
-            .get(start..start + entry.name_len as usize)
-            .unwrap_or("")
     }
 }
 
@@ -493,7 +501,7 @@ fn function_symbol<'data, Elf: FileHeader, R: ReadRef<'data>>(
 /// Sorts by address and keeps one name per address: the one with the fewest
 /// leading underscores (`malloc` over `__libc_malloc`), global before local,
 /// then the shortest, then the first alphabetically.
-fn merge(mut raw: Vec<RawSymbol<'_>>) -> Result<(Vec<Entry>, String), ParseError> {
+fn merge(mut raw: Vec<RawSymbol<'_>>) -> Result<(Vec<Entry>, Names), ParseError> {
     fn underscores(name: &[u8]) -> usize {
         name.iter().take_while(|&&b| b == b'_').count()
     }
@@ -505,9 +513,16 @@ fn merge(mut raw: Vec<RawSymbol<'_>>) -> Result<(Vec<Entry>, String), ParseError
             .then_with(|| a.name.len().cmp(&b.name.len()))
             .then_with(|| a.name.cmp(b.name))
     });
+    // The names kept: the first of each address's group.
+    let total_names: usize = raw
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| *i == 0 || raw[i - 1].start != r.start)
+        .map(|(_, r)| r.name.len())
+        .sum();
     let mut entries: Vec<Entry> = Vec::new();
     let mut limits: Vec<u64> = Vec::new();
-    let mut names = String::new();
+    let mut names = NamesBuilder::new(total_names);
     let mut index = 0;
     while let Some(first) = raw.get(index) {
         let group_len = raw[index..]
@@ -520,11 +535,11 @@ fn merge(mut raw: Vec<RawSymbol<'_>>) -> Result<(Vec<Entry>, String), ParseError
         let end = group.iter().filter_map(|r| r.end).max().unwrap_or(0);
         let limit = group.iter().map(|r| r.limit).min().unwrap_or(first.limit);
         let name = String::from_utf8_lossy(first.name);
-        let name_start = u32::try_from(names.len())
-            .map_err(|_| ParseError::Malformed("symbol names exceed 4 GiB".to_owned()))?;
         let name_len = u32::try_from(name.len())
             .map_err(|_| ParseError::Malformed("symbol name exceeds 4 GiB".to_owned()))?;
-        names.push_str(&name);
+        let name_start = names
+            .push(&name)
+            .ok_or_else(|| ParseError::Malformed("symbol names exceed 4 GiB".to_owned()))?;
         entries.push(Entry {
             start: first.start,
             end,
@@ -541,8 +556,7 @@ fn merge(mut raw: Vec<RawSymbol<'_>>) -> Result<(Vec<Entry>, String), ParseError
         }
     }
     entries.shrink_to_fit();
-    names.shrink_to_fit();
-    Ok((entries, names))
+    Ok((entries, names.finish()))
 }
 
 /// The GNU build ID from a note section, or from a `PT_NOTE` segment when the
@@ -595,5 +609,6 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     out
 }
 
+mod names;
 #[cfg(test)]
 mod tests;

@@ -67,13 +67,21 @@ impl Symbolizer {
             None => Default::default(),
         };
         // The debug file's table is the complete one (local functions too).
-        let symbol = debug_symbols
+        // A name is read (inflated, for big files) only when the function's
+        // line is not cached.
+        let function = debug_symbols
             .as_deref()
-            .and_then(|s| s.lookup_vaddr(vaddr))
-            .or_else(|| symbols.lookup_vaddr(vaddr));
+            .and_then(|table| table.function_at(vaddr).map(|f| (table, f)))
+            .or_else(|| symbols.function_at(vaddr).map(|f| (&*symbols, f)));
         let lines = if frames.is_empty() {
-            match symbol {
-                Some(function) => vec![self.function_line(mapping.dev, mapping.inode, function)],
+            match function {
+                Some((table, (index, address))) => {
+                    vec![
+                        self.function_line_with(mapping.dev, mapping.inode, address, || {
+                            table.name_at(index)
+                        }),
+                    ]
+                }
                 None => Vec::new(),
             }
         } else {
@@ -82,7 +90,9 @@ impl Symbolizer {
             let outer = if symbols.debug_hints().gopclntab.is_some() {
                 None
             } else {
-                symbol.map(|s| s.name.to_owned()).or(fallback)
+                function
+                    .map(|(table, (index, _))| table.name_at(index).into_owned())
+                    .or(fallback)
             };
             self.debug_lines(frames, outer)
         };

@@ -471,8 +471,29 @@ impl Symbolizer {
                 inode,
                 address: function.address,
             },
-            function.name,
+            &function.name,
         )
+    }
+
+    /// [`Self::function_line`], reading the name only when the line is not cached.
+    fn function_line_with<'n>(
+        &mut self,
+        dev: (u32, u32),
+        inode: u64,
+        address: u64,
+        name: impl FnOnce() -> Cow<'n, str>,
+    ) -> Line {
+        let key = FunctionKey {
+            dev,
+            inode,
+            address,
+        };
+        if let Some(line) = self.functions.get(&key) {
+            return line.clone();
+        }
+        let line = make_line(&name());
+        self.functions.put(key, line.clone());
+        line
     }
 
     fn cached_line(&mut self, key: FunctionKey, name: &str) -> Line {

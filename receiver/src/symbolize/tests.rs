@@ -103,9 +103,10 @@ fn cxx_template_is_demangled() {
     let symbols = ElfSymbols::load(&exe).unwrap();
     let mangled = symbols
         .symbols()
-        .map(|s| s.name)
+        .map(|s| s.name.into_owned())
         .find(|n| n.starts_with("_ZN2ns6worker"))
         .unwrap();
+    let mangled = mangled.as_str();
     let offset = oracle_file_offset(&exe, mangled);
     let mapping = whole_file_mapping(&exe, 0x5555_0000_0000);
     let mut symbolizer = Symbolizer::new(SymbolizerLimits::default());

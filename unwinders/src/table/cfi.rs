@@ -11,7 +11,7 @@ use gimli::{
 };
 use object::{Architecture, CompressionFormat, Object, ObjectSection};
 
-use super::{TableError, TableStats, UnwindTable, count_unsupported, plt};
+use super::{TableError, TableStats, UnwindTable, plt};
 use crate::native::dwarf::{CfaRule, MAX_TABLE_ROWS, RbpRule, UnwindRow, signal_frame};
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
@@ -29,12 +29,21 @@ pub(super) enum Source {
     Plt,
 }
 
-/// The rows of one FDE or synthesized PLT section, before overlaps are resolved.
+/// The rows of one FDE or synthesized PLT section, before overlaps are
+/// resolved: 24 bytes (a library has hundreds of thousands of FDEs).
 struct Segment {
     start: u64,
     end: u64,
-    source: Source,
-    rows: Range<usize>,
+    /// Its rows: `rows[first..first + count]` of the collector (both fit
+    /// `u32`: a table has at most [`MAX_TABLE_ROWS`] rows).
+    first: u32,
+    count: u32,
+}
+
+impl Segment {
+    fn rows(&self) -> Range<usize> {
+        self.first as usize..self.first as usize + self.count as usize
+    }
 }
 
 /// Rows of all segments, each segment's rows sorted and merged.
@@ -42,6 +51,10 @@ struct Segment {
 pub(super) struct Collector {
     rows: Vec<UnwindRow>,
     segments: Vec<Segment>,
+    /// Index of the first `.eh_frame` and the first PLT segment (sources
+    /// come in this order: `.debug_frame`, `.eh_frame`, PLT).
+    eh_frame_from: Option<usize>,
+    plt_from: Option<usize>,
 }
 
 /// Whether two rows unwind identically (everything but `pc` equal).
@@ -91,66 +104,142 @@ impl Collector {
     /// Ends the segment begun at `first`, covering `start..end`.
     pub(super) fn finish(&mut self, first: usize, start: u64, end: u64, source: Source) {
         if first < self.rows.len() && start < end {
+            let from = match source {
+                Source::DebugFrame => None,
+                Source::EhFrame => Some(&mut self.eh_frame_from),
+                Source::Plt => Some(&mut self.plt_from),
+            };
+            if let Some(from) = from {
+                from.get_or_insert(self.segments.len());
+            }
+            // `push` keeps the row count within MAX_TABLE_ROWS (< 2^32).
             self.segments.push(Segment {
                 start,
                 end,
-                source,
-                rows: first..self.rows.len(),
+                first: first as u32,
+                count: (self.rows.len() - first) as u32,
             });
         } else {
             self.rows.truncate(first);
         }
     }
 
+    fn source(&self, index: usize) -> Source {
+        if self.plt_from.is_some_and(|from| index >= from) {
+            Source::Plt
+        } else if self.eh_frame_from.is_some_and(|from| index >= from) {
+            Source::EhFrame
+        } else {
+            Source::DebugFrame
+        }
+    }
+
     /// Resolves overlaps (earlier segments win), ends segments with `NoInfo`
-    /// rows where the next does not follow directly, and merges equal rules.
-    fn assemble(self, stats: &mut TableStats) -> Result<Vec<UnwindRow>, TableError> {
-        // start -> (end, segment index); the taken segments never overlap.
-        let mut taken: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
+    /// rows where the next does not follow directly, and merges equal rules,
+    /// handing the table's rows to `sink` in address order: the table is
+    /// never held here, so a caller can store it compactly as it comes.
+    fn assemble(
+        self,
+        stats: &mut TableStats,
+        mut sink: impl FnMut(UnwindRow),
+    ) -> Result<(), TableError> {
+        // start -> segment index; the taken segments never overlap.
+        let mut taken: BTreeMap<u64, u32> = BTreeMap::new();
         for (index, segment) in self.segments.iter().enumerate() {
             let overlaps = taken
                 .range(..segment.end)
                 .next_back()
-                .is_some_and(|(_, &(end, _))| end > segment.start);
+                .is_some_and(|(_, &taken)| self.segments[taken as usize].end > segment.start);
+            let plt = self.source(index) == Source::Plt;
             if overlaps {
-                if segment.source != Source::Plt {
+                if !plt {
                     stats.overlapping_fdes += 1;
                 }
                 continue;
             }
-            if segment.source == Source::Plt {
+            if plt {
                 stats.synthesized_plt_sections += 1;
             }
-            taken.insert(segment.start, (segment.end, index));
+            // Fits: at most one segment per row.
+            taken.insert(segment.start, index as u32);
         }
-        let mut out: Vec<UnwindRow> =
-            Vec::with_capacity(self.rows.len().min(MAX_TABLE_ROWS as usize));
+        // The last row is held back: a row at the same pc replaces it.
+        let mut pending: Option<UnwindRow> = None;
+        let mut accepted = 0usize;
+        let mut unsupported = 0usize;
         let mut push = |row: UnwindRow| -> Result<(), TableError> {
-            let full = out.len() >= MAX_TABLE_ROWS as usize;
-            match out.last_mut() {
-                Some(last) if last.pc == row.pc => *last = row,
-                Some(last) if same_rules(last, &row) => {}
-                _ if full => return Err(TableError::TooManyRows),
-                _ => out.push(row),
+            match pending {
+                Some(ref mut last) if last.pc == row.pc => *last = row,
+                Some(ref last) if same_rules(last, &row) => {}
+                _ if accepted >= MAX_TABLE_ROWS as usize => return Err(TableError::TooManyRows),
+                _ => {
+                    if let Some(done) = pending.replace(row) {
+                        unsupported += usize::from(done.cfa_rule() == CfaRule::Unsupported);
+                        sink(done);
+                    }
+                    accepted += 1;
+                }
             }
             Ok(())
         };
-        let mut segments = taken.iter().peekable();
-        while let Some((_, &(end, index))) = segments.next() {
-            let rows = self
-                .rows
-                .get(self.segments[index].rows.clone())
-                .unwrap_or(&[]);
+        let mut segments = taken
+            .values()
+            .map(|&i| &self.segments[i as usize])
+            .peekable();
+        while let Some(segment) = segments.next() {
+            let rows = self.rows.get(segment.rows()).unwrap_or(&[]);
             for row in rows {
                 push(*row)?;
             }
-            if segments.peek().is_some_and(|&(&next, _)| next == end) || end == 1 << 32 {
+            let end = segment.end;
+            if segments.peek().is_some_and(|next| next.start == end) || end == 1 << 32 {
                 continue;
             }
             let pc = u32::try_from(end).map_err(|_| TableError::AddressTooLarge(end))?;
             push(UnwindRow { pc, ..NO_INFO })?;
         }
-        Ok(out)
+        if let Some(done) = pending {
+            unsupported += usize::from(done.cfa_rule() == CfaRule::Unsupported);
+            sink(done);
+        }
+        stats.unsupported_rows = unsupported;
+        Ok(())
+    }
+}
+
+/// A file's CFI evaluated into per-FDE rows, before overlaps are resolved.
+/// It holds nothing of the file, so the file's bytes can be dropped before
+/// [`CollectedCfi::assemble`] streams out the table.
+pub struct CollectedCfi {
+    collector: Collector,
+    stats: TableStats,
+}
+
+impl CollectedCfi {
+    /// Evaluates the CFI of an ELF file (see the module documentation).
+    pub fn from_elf_reader<'data, R: object::ReadRef<'data>>(data: R) -> Result<Self, TableError> {
+        collect_elf(data)
+    }
+
+    /// At least as many rows as the table will have.
+    pub fn max_rows(&self) -> usize {
+        self.collector.rows.len() + self.collector.segments.len()
+    }
+
+    /// The collected rows (unsorted, unmerged), e.g. to count rules.
+    pub fn collected_rows(&self) -> &[UnwindRow] {
+        &self.collector.rows
+    }
+
+    /// Resolves overlaps and streams the table's rows, in address order, to
+    /// `sink`; returns what went into the table.
+    pub fn assemble(self, sink: impl FnMut(UnwindRow)) -> Result<TableStats, TableError> {
+        let CollectedCfi {
+            collector,
+            mut stats,
+        } = self;
+        collector.assemble(&mut stats, sink)?;
+        Ok(stats)
     }
 }
 
@@ -158,6 +247,14 @@ impl Collector {
 /// is the file in memory, or a `ReadCache` over it that reads only the
 /// sections used.
 pub(super) fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<UnwindTable, TableError> {
+    let collected = collect_elf(data)?;
+    let mut rows = Vec::with_capacity(collected.max_rows().min(MAX_TABLE_ROWS as usize));
+    let stats = collected.assemble(|row| rows.push(row))?;
+    rows.shrink_to_fit();
+    Ok(UnwindTable::new(rows, stats))
+}
+
+fn collect_elf<'data, R: object::ReadRef<'data>>(data: R) -> Result<CollectedCfi, TableError> {
     let file = object::File::parse(data)?;
     if file.architecture() != Architecture::X86_64 {
         return Err(TableError::UnsupportedArchitecture);
@@ -205,10 +302,7 @@ pub(super) fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<UnwindT
         )?;
     }
     plt::synthesize(&file, &mut collector)?;
-
-    let rows = collector.assemble(&mut stats)?;
-    stats.unsupported_rows = count_unsupported(&rows);
-    Ok(UnwindTable::new(rows, stats))
+    Ok(CollectedCfi { collector, stats })
 }
 
 /// Adds a segment per FDE of `section`; returns the number of FDEs.

@@ -40,14 +40,17 @@
 mod cfi;
 mod file_id;
 mod host;
+mod packed;
 mod plt;
 
 use std::vec::Vec;
 
+pub use cfi::CollectedCfi;
 pub use file_id::{FileId, htlhash_of_bytes, htlhash_of_file};
 pub use host::{
     AddressSpace, Frame, Mapping, StopReason, Unwound, elf_load_bias, unwind, unwind_detailed,
 };
+pub use packed::PackedRows;
 
 use crate::native::chunks::{UnwindChunk, find_row, to_chunks};
 use crate::native::dwarf::{CfaRule, MAX_TABLE_ROWS, UnwindRow};

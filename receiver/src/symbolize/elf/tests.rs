@@ -13,7 +13,7 @@ fn check_alpha_beta(path: &Path) {
         assert_eq!(found.name, name);
         assert_eq!(found.offset, 0);
         let inside = symbols.lookup_file_offset(offset + 3).unwrap();
-        assert_eq!((inside.name, inside.offset), (name, 3));
+        assert_eq!((&*inside.name, inside.offset), (name, 3));
         assert_eq!(symbols.vaddr_to_file_offset(found.address), Some(offset));
     }
     let id = symbols
@@ -79,12 +79,12 @@ fn cxx_template_symbol() {
         .map(|s| s.name)
         .find(|n| n.starts_with("_ZN2ns6worker"))
         .unwrap()
-        .to_owned();
+        .into_owned();
     let offset = oracle_file_offset(&exe, &mangled);
     let found = symbols.lookup_file_offset(offset + 1).unwrap();
     assert_eq!(found.name, mangled);
     assert_eq!(
-        crate::symbolize::demangle::demangle(found.name),
+        crate::symbolize::demangle::demangle(&found.name),
         "int ns::worker<int>(int)"
     );
 }
@@ -144,6 +144,64 @@ fn unsized_symbols_extend_to_next() {
     assert!(symbols.lookup_vaddr(0x240).is_none());
     assert!(symbols.lookup_vaddr(0xff).is_none());
     assert!(symbols.lookup_file_offset(0x100).is_none(), "no segments");
+}
+
+#[test]
+fn many_names_are_kept_compressed() {
+    // Over COMPRESS_NAMES_FROM bytes of names, with aliases at one address.
+    let names: Vec<String> = (0..5000)
+        .map(|i| format!("_ZN4core3ptr{i:05}drop_in_place_for_some_long_generic_type_name_{i}E"))
+        .collect();
+    let mut raw: Vec<RawSymbol<'_>> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| RawSymbol {
+            start: 0x1000 + 0x40 * i as u64,
+            end: Some(0x1000 + 0x40 * i as u64 + 0x20),
+            limit: u64::MAX,
+            local: false,
+            name: name.as_bytes(),
+        })
+        .collect();
+    raw.push(RawSymbol {
+        start: 0x1000,
+        end: Some(0x1010),
+        limit: u64::MAX,
+        local: false,
+        name: b"__alias_of_the_first",
+    });
+    let total: usize = names.iter().map(String::len).sum();
+    assert!(total > COMPRESS_NAMES_FROM);
+    let (entries, names_kept) = merge(raw).unwrap();
+    let symbols = ElfSymbols {
+        entries,
+        names: names_kept,
+        build_id: None,
+        segments: Vec::new(),
+        hints: DebugHints::default(),
+    };
+    assert_eq!(symbols.len(), names.len());
+    assert!(
+        symbols.heap_size() < total,
+        "{} >= {total}",
+        symbols.heap_size()
+    );
+    for i in [0, 1, 63, 64, 65, 4095, 4999] {
+        let vaddr = 0x1000 + 0x40 * i as u64 + 5;
+        let found = symbols.lookup_vaddr(vaddr).unwrap();
+        assert_eq!((&*found.name, found.offset), (names[i].as_str(), 5));
+    }
+    assert!(symbols.lookup_vaddr(0x1000 + 0x40 * 7 + 0x20).is_none());
+    assert_eq!(
+        symbols.symbol_address(&names[4321]),
+        Some(0x1000 + 0x40 * 4321)
+    );
+    assert!(
+        symbols
+            .symbols()
+            .map(|s| s.name)
+            .eq(names.iter().map(|n| n.as_str()))
+    );
 }
 
 #[test]
