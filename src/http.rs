@@ -320,7 +320,25 @@ fn render(stats: &ProfilerStats) -> String {
         );
     }
     let native = &stats.native;
-    let scalars: [(&str, &str, &str, f64); 15] = [
+    let scalars: [(&str, &str, &str, f64); 18] = [
+        (
+            "icecore_execs_total",
+            "counter",
+            "Execs of profiled processes whose new image was read right after.",
+            stats.execs as f64,
+        ),
+        (
+            "icecore_execs_gone_total",
+            "counter",
+            "Execs whose process was gone before its image could be read.",
+            stats.execs_gone as f64,
+        ),
+        (
+            "icecore_exec_events_dropped_total",
+            "counter",
+            "Exec and exit events dropped because the profiler fell behind.",
+            stats.exec_events_dropped as f64,
+        ),
         (
             "icecore_samples_reported_total",
             "counter",

@@ -91,6 +91,12 @@ pub struct ProfilerStats {
     pub bpf_map_bytes: u64,
     /// Each interpreter plugin's counts, by name.
     pub interpreters: Vec<(&'static str, InterpreterStats)>,
+    /// Execs the exec thread followed.
+    pub execs: u64,
+    /// Of those, processes gone before their image could be read.
+    pub execs_gone: u64,
+    /// Lifecycle events dropped because the profiler fell behind.
+    pub exec_events_dropped: u64,
 }
 
 /// The eBPF CPU profiler.
@@ -216,54 +222,36 @@ impl CpuProfiler {
         // its time (`image_at`).
         let mut exits = Vec::new();
         let mut described = Vec::new();
-        if let Some(watcher) = exec_watcher.as_ref() {
-            watcher.drain(|event| match event {
-                Lifecycle::Exec {
-                    pid,
-                    ktime_ns,
-                    snapshot,
-                    files,
-                } => {
-                    if processes.exec(pid, ktime_ns, snapshot) {
-                        // What BPF and the plugins knew was the old image's.
-                        if let Some(native) = native.as_mut() {
-                            native.forget_process(pid);
-                        }
-                        interpreters.detach(pid);
-                    }
-                    // Parsed now, from the files held open since the exec:
-                    // the process may be gone by the time its batch is cut.
-                    if let Some(process) = processes.get(pid) {
-                        symbolizer.preload(pid, &process.mappings, &files);
-                    }
-                }
-                Lifecycle::Mappings {
-                    pid,
-                    ktime_ns,
-                    mappings,
-                    files,
-                } => {
-                    if processes.exec_mappings(pid, ktime_ns, mappings)
-                        && let Some(process) = processes.get(pid)
-                    {
-                        symbolizer.preload(pid, &process.mappings, &files);
-                        if let Some(native) = native.as_mut()
-                            && native.is_described(pid)
-                        {
-                            let interpreter = interpreters.attach(pid, &process.mappings);
-                            native.describe_process(pid, &process.mappings, interpreter);
-                            described.push(pid);
-                        }
-                    }
-                }
-                Lifecycle::Exit { pid, ktime_ns } => exits.push((pid, ktime_ns)),
-            });
-        }
+        let mut lifecycle = |processes: &mut ProcessTable,
+                             native: &mut Option<NativeUnwindInfo>,
+                             interpreters: &mut Interpreters,
+                             symbolizer: &mut Symbolizer,
+                             described: &mut Vec<u32>| {
+            if let Some(watcher) = exec_watcher.as_ref() {
+                watcher.drain(|event| {
+                    apply_lifecycle(
+                        event,
+                        processes,
+                        native,
+                        interpreters,
+                        symbolizer,
+                        described,
+                        &mut exits,
+                    );
+                });
+            }
+        };
+        lifecycle(processes, native, interpreters, symbolizer, &mut described);
         let mut malformed = 0u64;
         let n = sampler.drain(|bytes| match RawSample::decode(bytes) {
             Ok(sample) => {
                 let pid = sample.header.pid;
                 let comm = String::from_utf8_lossy(sample.comm());
+                if processes.image_at(pid, sample.header.ktime_ns).is_none() {
+                    // A process this drain has not seen: its exec may have
+                    // been reported while the rings were being read.
+                    lifecycle(processes, native, interpreters, symbolizer, &mut described);
+                }
                 let (process, learned) = processes.get_or_learn(pid, &comm);
                 let has_code = !process.mappings.is_empty();
                 // An image learned at its exec is described at its first sample.
@@ -431,6 +419,12 @@ impl CpuProfiler {
         stats.bpf_cost = cost;
         stats.processes_tracked = self.processes.len();
         stats.interpreters = interpreters;
+        if let Some(watcher) = &self.exec_watcher {
+            let exec = watcher.stats();
+            stats.execs = exec.execs.load(std::sync::atomic::Ordering::Relaxed);
+            stats.execs_gone = exec.gone_at_exec.load(std::sync::atomic::Ordering::Relaxed);
+            stats.exec_events_dropped = exec.dropped.load(std::sync::atomic::Ordering::Relaxed);
+        }
         stats.native = native;
         if let Some(held) = held_map_bytes {
             stats.bpf_map_bytes = held + stats.native.inner_map_bytes;
@@ -510,6 +504,59 @@ impl CpuProfiler {
             warn!("the final batch had no sink to go to");
         }
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// Applies one result of the exec thread to the profiler's state.
+fn apply_lifecycle(
+    event: Lifecycle,
+    processes: &mut ProcessTable,
+    native: &mut Option<NativeUnwindInfo>,
+    interpreters: &mut Interpreters,
+    symbolizer: &mut Symbolizer,
+    described: &mut Vec<u32>,
+    exits: &mut Vec<(u32, u64)>,
+) {
+    match event {
+        Lifecycle::Exec {
+            pid,
+            ktime_ns,
+            snapshot,
+            files,
+        } => {
+            if processes.exec(pid, ktime_ns, snapshot) {
+                // What BPF and the plugins knew was the old image's.
+                if let Some(native) = native.as_mut() {
+                    native.forget_process(pid);
+                }
+                interpreters.detach(pid);
+            }
+            // Parsed now, from the files held open since the exec: the
+            // process may be gone by the time its batch is cut.
+            if let Some(process) = processes.get(pid) {
+                symbolizer.preload(pid, &process.mappings, &files);
+            }
+        }
+        Lifecycle::Mappings {
+            pid,
+            ktime_ns,
+            mappings,
+            files,
+        } => {
+            if processes.exec_mappings(pid, ktime_ns, mappings)
+                && let Some(process) = processes.get(pid)
+            {
+                symbolizer.preload(pid, &process.mappings, &files);
+                if let Some(native) = native.as_mut()
+                    && native.is_described(pid)
+                {
+                    let interpreter = interpreters.attach(pid, &process.mappings);
+                    native.describe_process(pid, &process.mappings, interpreter);
+                    described.push(pid);
+                }
+            }
+        }
+        Lifecycle::Exit { pid, ktime_ns } => exits.push((pid, ktime_ns)),
     }
 }
 

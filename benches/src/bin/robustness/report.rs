@@ -62,8 +62,10 @@ pub fn markdown(icecore: &Path, churn: Option<&Churn>, memory: &[MemoryRun]) -> 
         );
         let _ = writeln!(
             out,
-            "Target: at least {SYMBOLIZED_TARGET:.0} % symbolized: {}.\n",
-            verdict(symbolized >= SYMBOLIZED_TARGET)
+            "Target: at least {SYMBOLIZED_TARGET:.0} % symbolized: {}. Unsymbolized leaves by \
+             file: {:?}.\n",
+            verdict(symbolized >= SYMBOLIZED_TARGET),
+            c.unsymbolized
         );
     }
     if !memory.is_empty() {

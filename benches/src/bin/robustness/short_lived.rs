@@ -32,6 +32,8 @@ pub struct Churn {
     /// Samples BPF emitted and icecore reported over its life.
     pub reported: u64,
     pub emitted: u64,
+    /// Unsymbolized samples by their leaf's file (or its absence).
+    pub unsymbolized: std::collections::BTreeMap<String, u64>,
 }
 
 pub fn run(
@@ -111,6 +113,13 @@ fn judge(samples: &[Sample], pids: &BTreeSet<u32>, exe_name: &str) -> Churn {
         churn.user_samples += sample.count;
         if !leaf.function.is_empty() && !leaf.mapping.is_empty() {
             churn.symbolized += sample.count;
+        } else {
+            let file = if leaf.mapping.is_empty() {
+                "no file".to_owned()
+            } else {
+                leaf.mapping.clone()
+            };
+            *churn.unsymbolized.entry(file).or_default() += sample.count;
         }
         if sample.comm == exe_name {
             churn.named_process += sample.count;
