@@ -128,6 +128,14 @@ pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Resident memory of a process now (`VmRSS`), in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// What the kernel reports of a reaped child.
 pub struct Reaped {
     pub success: bool,

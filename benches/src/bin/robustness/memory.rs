@@ -12,7 +12,10 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use icecore_benches::{agent::Icecore, proc::peak_rss_bytes};
+use icecore_benches::{
+    agent::Icecore,
+    proc::{peak_rss_bytes, rss_bytes},
+};
 
 /// One run of the memory phase.
 #[derive(Debug)]
@@ -46,13 +49,6 @@ fn program() -> String {
     }
     text.push_str("println!(\"{n}\"); }\n");
     text
-}
-
-fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 pub fn run(

@@ -44,11 +44,11 @@ pub fn markdown(icecore: &Path, churn: Option<&Churn>, memory: &[MemoryRun]) -> 
         );
         let _ = writeln!(
             out,
-            "| their samples with a user frame | symbolized | under the program's name | inside execve | kernel only | icecore CPU during the churn | reported / emitted by BPF |\n|---|---|---|---|---|---|---|"
+            "| their samples with a user frame | symbolized | under the program's name | inside execve | kernel only | icecore CPU during the churn | icecore RSS before / 10 s after | reported / emitted by BPF |\n|---|---|---|---|---|---|---|---|"
         );
         let _ = writeln!(
             out,
-            "| {} | {} ({symbolized:.1} %) | {} ({:.1} %) | {} | {} | {:.0} ms ({:.2} % of one core) | {} / {} |\n",
+            "| {} | {} ({symbolized:.1} %) | {} ({:.1} %) | {} | {} | {:.0} ms ({:.2} % of one core) | {} / {} | {} / {} |\n",
             c.user_samples,
             c.symbolized,
             c.named_process,
@@ -57,6 +57,8 @@ pub fn markdown(icecore: &Path, churn: Option<&Churn>, memory: &[MemoryRun]) -> 
             c.kernel_only,
             c.agent_cpu_ms,
             c.agent_cpu_ms / 10.0 / c.seconds.max(0.001),
+            mb(c.rss_before),
+            mb(c.rss_after),
             c.reported,
             c.emitted
         );

@@ -32,6 +32,9 @@ pub struct Churn {
     /// Samples BPF emitted and icecore reported over its life.
     pub reported: u64,
     pub emitted: u64,
+    /// icecore's RSS before the churn and 10 s after it, in bytes.
+    pub rss_before: u64,
+    pub rss_after: u64,
     /// Unsymbolized samples by their leaf's file (or its absence).
     pub unsymbolized: std::collections::BTreeMap<String, u64>,
 }
@@ -56,6 +59,7 @@ pub fn run(
     let pprof_dir = agent.pprof_dir.clone();
     let cpu = CpuTracker::start(agent.pid());
     std::thread::sleep(Duration::from_secs(2));
+    let rss_before = icecore_benches::proc::rss_bytes(agent.pid()).unwrap_or(0);
     let start = monotonic_ns();
     let mut pids = BTreeSet::new();
     let lifetime = lifetime_ms.to_string();
@@ -70,7 +74,9 @@ pub fn run(
         }
     }
     let end = monotonic_ns();
-    std::thread::sleep(Duration::from_secs(3));
+    // Long enough for a batch or two to be cut and the allocator trimmed.
+    std::thread::sleep(Duration::from_secs(10));
+    let rss_after = icecore_benches::proc::rss_bytes(agent.pid()).unwrap_or(0);
     let agent_cpu_ns = cpu.cpu_ns_between(start, end).unwrap_or(0);
     drop(cpu);
     let (_, summary) = agent.stop()?;
@@ -86,6 +92,8 @@ pub fn run(
     churn.seconds = (end - start) as f64 / 1e9;
     churn.agent_cpu_ms = agent_cpu_ns as f64 / 1e6;
     churn.reported = summary.samples_reported;
+    churn.rss_before = rss_before;
+    churn.rss_after = rss_after;
     churn.emitted = summary.emitted_by_bpf;
     Ok(churn)
 }
