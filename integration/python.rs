@@ -299,3 +299,76 @@ fn threads_and_c_extensions_are_attributed() {
     }
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
 }
+
+#[test]
+fn a_runtime_program_the_kernel_rejects_is_off_and_the_rest_runs() {
+    const TEST: &str = "a_runtime_program_the_kernel_rejects_is_off_and_the_rest_runs";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let python = interpreters()
+        .into_iter()
+        .rfind(|i| i.label.contains("pyenv"))
+        .expect("a pyenv CPython");
+    // The test switch makes CPython's BPF program fail verification: the
+    // path a kernel that rejects a runtime's program takes.
+    let mut run = SystemWideRun::spawn_wrapped(
+        tmp(),
+        HZ,
+        &["env", "ICECORE_TEST_REJECT_RUNTIME=cpython"],
+        &[],
+    );
+    let mut fixture = vec![(
+        python.clone(),
+        spawn_fixture(&python.python, "split", FIXTURE_SECS / 2),
+    )];
+    let pid = fixture[0].1.id();
+    sleep(WARM_UP);
+    let from = now_unix_nanos();
+    let metrics = run
+        .icecore
+        .metrics_after_next_batch(Duration::from_secs(30));
+    wait_all(&mut fixture);
+    finish(&mut run);
+    let logs = run.icecore.logs();
+    assert!(
+        logs.contains("the kernel rejected the runtime's BPF program") && logs.contains("cpython"),
+        "{TEST}: no log line says CPython is off\n{logs}"
+    );
+    let up = |runtime: &str, state: &str| {
+        metrics.value(&format!(
+            "icecore_runtime_up{{runtime=\"{runtime}\",state=\"{state}\"}}"
+        ))
+    };
+    assert_eq!(up("cpython", "failed"), 0.0, "{TEST}");
+    assert_eq!(up("perf-map", "running"), 1.0, "{TEST}");
+    assert_eq!(metrics.bpf_event("runtime_program_missing"), 0, "{TEST}");
+
+    // The Python process is still profiled, with its native frames named.
+    let received = run.otlp_of(pid);
+    let (samples, _) = of_pid_since(&received.samples, pid, from);
+    let n = total(&samples);
+    let python_frames = count_where(&samples, |s| {
+        s.stack.iter().any(|f| f.kind.as_deref() == Some("cpython"))
+    });
+    let eval_loop = count_where(&samples, |s| {
+        s.stack
+            .iter()
+            .any(|f| f.function.starts_with("_PyEval_EvalFrameDefault"))
+    });
+    println!(
+        "{TEST}: {} with CPython off: {n} samples, {eval_loop} through the eval loop, \
+         {python_frames} with Python frames",
+        python.label
+    );
+    assert!(n >= 200, "{TEST}: the Python process got {n} samples");
+    assert_eq!(
+        python_frames, 0,
+        "{TEST}: Python frames without CPython's program"
+    );
+    assert!(
+        pct(eval_loop, n) >= 80.0,
+        "{TEST}: native frames unnamed: {eval_loop} of {n} through _PyEval_EvalFrameDefault"
+    );
+}

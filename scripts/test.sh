@@ -29,6 +29,11 @@ echo "== format"
 cargo fmt --all -- --check
 echo "== clippy"
 cargo clippy --all-targets --locked -- -D warnings
+echo "== clippy (BPF programs, for the BPF target)"
+# The BPF crate is not a default member (it only builds for bpfel); lint it
+# the way receiver/build.rs builds it, in a target directory of its own.
+CARGO_TARGET_DIR=target/bpf-clippy rustup run nightly cargo clippy --locked \
+  -p icecore-ebpf --bins --release --target bpfel-unknown-none -Z build-std=core -- -D warnings
 echo "== tests"
 # Release: the end-to-end tests then exercise the binary users run, and the
 # kernel matrix below reuses it. One test thread: each end-to-end test samples

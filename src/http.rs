@@ -18,7 +18,7 @@ use icecore_otlp::{
     ExportStats, PprofDirStats,
     receive::{Outcome, ReceiverStats},
 };
-use icecore_receiver::{Counter, ProfilerStats, interpreters::InterpreterStats};
+use icecore_receiver::{Counter, ProfilerStats, profiler::RuntimeState, runtimes::RuntimeStats};
 use tracing::info;
 
 use crate::otlp_listen::ReceiverMetrics;
@@ -436,53 +436,69 @@ fn render(stats: &ProfilerStats) -> String {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
         );
     }
-    render_interpreters(&mut out, &stats.interpreters);
+    render_runtimes(&mut out, &stats.runtimes, &stats.runtime_states);
     out
 }
 
-/// A metric family of the interpreter plugins: name, type, help, value.
-type InterpreterFamily = (
+/// A metric family of the runtime plugins: name, type, help, value.
+type RuntimeFamily = (
     &'static str,
     &'static str,
     &'static str,
-    fn(&InterpreterStats) -> u64,
+    fn(&RuntimeStats) -> u64,
 );
 
-fn render_interpreters(out: &mut String, plugins: &[(&str, InterpreterStats)]) {
-    let families: [InterpreterFamily; 4] = [
+fn render_runtimes(
+    out: &mut String,
+    plugins: &[(&str, RuntimeStats)],
+    states: &[(&str, RuntimeState)],
+) {
+    let _ = writeln!(
+        out,
+        "# HELP icecore_runtime_up Whether a runtime's unwinder runs (0: turned off, or it failed to start; see the log).\n# TYPE icecore_runtime_up gauge"
+    );
+    for (runtime, state) in states {
+        let state_label = match state {
+            RuntimeState::Running => "running",
+            RuntimeState::Disabled => "disabled",
+            RuntimeState::Failed(_) => "failed",
+        };
+        let _ = writeln!(
+            out,
+            "icecore_runtime_up{{runtime=\"{runtime}\",state=\"{state_label}\"}} {}",
+            u8::from(*state == RuntimeState::Running)
+        );
+    }
+    let families: [RuntimeFamily; 4] = [
         (
-            "icecore_interpreter_processes",
+            "icecore_runtime_processes",
             "gauge",
-            "Processes described to an interpreter unwinder.",
+            "Processes a runtime's plugin describes.",
             |s| s.processes as u64,
         ),
         (
-            "icecore_interpreter_attach_failures_total",
+            "icecore_runtime_attach_failures_total",
             "counter",
-            "Interpreters found but not describable (version, symbols, map update).",
+            "Runtimes found in a process but not describable (version, symbols, map update).",
             |s| s.attach_failures,
         ),
         (
-            "icecore_interpreter_frames_total",
+            "icecore_runtime_frames_total",
             "counter",
-            "Interpreter frames symbolized.",
+            "Runtime frames symbolized.",
             |s| s.frames,
         ),
         (
-            "icecore_interpreter_frame_errors_total",
+            "icecore_runtime_frame_errors_total",
             "counter",
-            "Interpreter frames whose code object could not be read.",
+            "Runtime frames whose data (a code object, a symbol) could not be read.",
             |s| s.frame_errors,
         ),
     ];
     for (name, kind, help, value) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (interpreter, stats) in plugins {
-            let _ = writeln!(
-                out,
-                "{name}{{interpreter=\"{interpreter}\"}} {}",
-                value(stats)
-            );
+        for (runtime, stats) in plugins {
+            let _ = writeln!(out, "{name}{{runtime=\"{runtime}\"}} {}", value(stats));
         }
     }
 }
@@ -505,21 +521,27 @@ mod tests {
     }
 
     #[test]
-    fn renders_interpreter_counts() {
+    fn renders_runtime_counts_and_states() {
         let stats = ProfilerStats {
-            interpreters: vec![(
+            runtimes: vec![(
                 "cpython",
-                InterpreterStats {
+                RuntimeStats {
                     processes: 2,
                     frames: 9,
                     ..Default::default()
                 },
             )],
+            runtime_states: vec![
+                ("cpython", RuntimeState::Running),
+                ("perf-map", RuntimeState::Failed("rejected".into())),
+            ],
             ..Default::default()
         };
         let text = render(&stats);
-        assert!(text.contains("icecore_interpreter_processes{interpreter=\"cpython\"} 2"));
-        assert!(text.contains("icecore_interpreter_frames_total{interpreter=\"cpython\"} 9"));
+        assert!(text.contains("icecore_runtime_processes{runtime=\"cpython\"} 2"));
+        assert!(text.contains("icecore_runtime_frames_total{runtime=\"cpython\"} 9"));
+        assert!(text.contains("icecore_runtime_up{runtime=\"cpython\",state=\"running\"} 1"));
+        assert!(text.contains("icecore_runtime_up{runtime=\"perf-map\",state=\"failed\"} 0"));
     }
 
     #[test]

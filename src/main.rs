@@ -90,10 +90,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
         None => None,
     };
 
-    let sampler = SamplerOptions {
-        frequency_hz: config.sampling_frequency_hz,
-        pids: config.pids.clone(),
-    };
+    let mut sampler = SamplerOptions::new(config.sampling_frequency_hz, config.pids.clone());
+    sampler
+        .runtimes
+        .retain(|name| config.runtimes.iter().any(|enabled| enabled == name));
     let mut options = ProfilerOptions::new(sampler, config.reporter_interval);
     options.symbolizer.max_debug_bytes = config.debug_info_memory_bytes;
     let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;

@@ -57,7 +57,7 @@ fn measure(exe: &Path, depth: u32, cpus: usize, frequency_hz: u32) -> Run {
         .collect();
     let pids = children.iter().map(Child::id).collect();
     let options = ProfilerOptions::new(
-        SamplerOptions { frequency_hz, pids },
+        SamplerOptions::new(frequency_hz, pids),
         Duration::from_secs(3600),
     );
     let mut profiler = CpuProfiler::start(&options).expect("start sampling (root needed)");

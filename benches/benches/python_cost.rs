@@ -30,7 +30,7 @@ use std::{
 };
 
 use icecore_receiver::{
-    Counter, CpuProfiler, ProfilerOptions, SamplerOptions, interpreters::python::detect,
+    Counter, CpuProfiler, ProfilerOptions, SamplerOptions, runtimes::python::detect,
 };
 
 const FREQUENCY_HZ: u32 = 997;
@@ -127,7 +127,7 @@ fn measure(python: &Path, depth: u32, cpus: usize, frequency_hz: u32) -> (Totals
         .collect();
     let pids = children.iter().map(Child::id).collect();
     let options = ProfilerOptions::new(
-        SamplerOptions { frequency_hz, pids },
+        SamplerOptions::new(frequency_hz, pids),
         Duration::from_secs(3600),
     );
     let mut profiler = CpuProfiler::start(&options).expect("start sampling (root needed)");

@@ -26,7 +26,8 @@ use std::{
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use icecore_receiver::{
-    interpreters::{
+    process_maps::ProcessMappings,
+    runtimes::{
         memory::ProcessMemory,
         python::{
             code::{line_of, read_code},
@@ -34,7 +35,6 @@ use icecore_receiver::{
             layouts::PythonLayout,
         },
     },
-    process_maps::ProcessMappings,
 };
 
 const FUNCTIONS: usize = 2000;

@@ -16,7 +16,10 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use icecore_receiver::aggregate::Aggregator;
 use icecore_receiver::record::RawSample;
-use icecore_unwinders::{SampleHeader, interpreter::WordTag};
+use icecore_unwinders::{
+    SampleHeader,
+    python::{CPYTHON, word},
+};
 
 const RECORDS: usize = 4096;
 const DISTINCT_STACKS: u64 = 500;
@@ -30,7 +33,12 @@ fn record(i: u64) -> Vec<u8> {
         .collect();
     let interpreter: Vec<u64> = if stack.is_multiple_of(4) {
         (0..6u64)
-            .flat_map(|f| [WordTag::PythonFrame.tag(0x7f00_0000_0000 + f * 0x100), 0x40])
+            .flat_map(|f| {
+                [
+                    CPYTHON.tags.word(word::FRAME, 0x7f00_0000_0000 + f * 0x100),
+                    CPYTHON.tags.word(word::INSTR, 0x40),
+                ]
+            })
             .collect()
     } else {
         Vec::new()
@@ -44,9 +52,8 @@ fn record(i: u64) -> Vec<u8> {
         cpu: (i % 2) as u32,
         flags: 0,
         kernel_frames: kernel.len() as u32,
-        user_frames: user.len() as u32,
-        interpreter_words: interpreter.len() as u32,
-        reserved: 0,
+        user_words: (user.len() + interpreter.len()) as u32,
+        reserved: [0; 2],
         comm,
     };
     // SAFETY: SampleHeader is repr(C), integers only, size asserted (no padding).
@@ -72,7 +79,7 @@ fn bench(c: &mut Criterion) {
             let mut frames = 0usize;
             for bytes in &records {
                 let sample = RawSample::decode(black_box(bytes)).expect("a valid record");
-                frames += sample.user_frames().len() + sample.interpreter_words().len();
+                frames += sample.user_words().len();
             }
             frames
         });

@@ -115,6 +115,10 @@ pub(crate) struct Cli {
     )]
     pids: Vec<String>,
 
+    /// Runtimes whose frames are unwound or named: all, none, or a comma-separated list of cpython, perf-map [default: all]
+    #[arg(long, value_name = "LIST")]
+    runtimes: Option<String>,
+
     /// Address of the HTTP server for health and metrics, IP:PORT [default: 127.0.0.1:7071]
     #[arg(long, value_name = "ADDR")]
     http_address: Option<String>,
@@ -273,6 +277,7 @@ impl Cli {
                 .collect();
             Some(checked?)
         };
+        let runtimes = check("runtimes", self.runtimes.as_deref(), validate::runtimes)?;
         let http_address = check(
             "http-address",
             self.http_address.as_deref(),
@@ -304,6 +309,7 @@ impl Cli {
             debug_info_memory_bytes,
             duration,
             pids,
+            runtimes,
             http_address,
             log_level,
         })

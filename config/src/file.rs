@@ -13,7 +13,7 @@ const EXPECTED_RESOURCE_MAPPING: &str =
 use crate::{ConfigError, Settings};
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 26] = [
+pub const KEYS: [&str; 27] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -38,6 +38,7 @@ pub const KEYS: [&str; 26] = [
     "debug_info_memory",
     "duration",
     "pids",
+    "runtimes",
     "http_address",
     "log_level",
 ];
@@ -225,6 +226,7 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         )?,
         duration: reader.string("duration", validate::run_duration)?,
         pids: reader.pids()?,
+        runtimes: reader.runtimes()?,
         http_address: reader.string("http_address", validate::http_address)?,
         log_level: reader.string("log_level", validate::log_level)?,
     })
@@ -321,6 +323,42 @@ impl Reader<'_> {
             pairs.push(check(name, &text).map_err(|e| self.invalid(key, item, &e))?);
         }
         Ok(Some(pairs))
+    }
+
+    /// The `runtimes` setting: a list of names, or a string (`all`, `none`,
+    /// or names separated by commas).
+    fn runtimes(&self) -> Result<Option<Vec<String>>, ConfigError> {
+        let Some(value) = self.get("runtimes") else {
+            return Ok(None);
+        };
+        let text = match value {
+            Value::String(text) => text.clone(),
+            Value::Sequence(items) if items.is_empty() => "none".to_owned(),
+            Value::Sequence(items) => {
+                let mut names = Vec::with_capacity(items.len());
+                for item in items {
+                    let Value::String(name) = item else {
+                        return Err(self.invalid(
+                            "runtimes",
+                            item,
+                            &Invalid::new(validate::EXPECTED_RUNTIMES),
+                        ));
+                    };
+                    names.push(name.clone());
+                }
+                names.join(",")
+            }
+            other => {
+                return Err(self.invalid(
+                    "runtimes",
+                    other,
+                    &Invalid::new(validate::EXPECTED_RUNTIMES),
+                ));
+            }
+        };
+        validate::runtimes(&text)
+            .map(Some)
+            .map_err(|e| self.invalid("runtimes", value, &e))
     }
 
     /// The `pids` list; an empty list means every process.
@@ -437,6 +475,24 @@ mod tests {
             parse_text("pprof_dir: ~\npids: null\n").expect("nulls"),
             Settings::default()
         );
+    }
+
+    #[test]
+    fn runtimes_as_a_list_or_a_string() {
+        let runtimes = |text: &str| parse_text(text).expect(text).runtimes;
+        assert_eq!(
+            runtimes("runtimes: [cpython]"),
+            Some(vec!["cpython".to_owned()])
+        );
+        assert_eq!(runtimes("runtimes: []"), Some(vec![]));
+        assert_eq!(runtimes("runtimes: none"), Some(vec![]));
+        assert_eq!(runtimes("runtimes: all").map(|r| r.len()), Some(2));
+        assert_eq!(
+            runtimes("runtimes: \"perf-map, cpython\""),
+            Some(vec!["perf-map".to_owned(), "cpython".to_owned()])
+        );
+        assert!(error("runtimes: [ruby]").contains("\"ruby\" is not a runtime icecore knows"));
+        assert!(error("runtimes: 5").contains("runtimes: expected `all`, `none`"));
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub const DEFAULT_HTTP_ADDRESS: SocketAddr =
 /// The default log level.
 pub const DEFAULT_LOG_LEVEL: &str = "info";
 
+/// Every runtime `runtimes` may name (the receiver's registry checks that it
+/// has exactly these).
+pub const RUNTIME_NAMES: [&str; 2] = ["cpython", "perf-map"];
+
 /// An OTLP gRPC collector to export profiles to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtlpEndpoint {
@@ -123,6 +127,9 @@ pub struct Config {
     pub duration: Option<Duration>,
     /// The processes to profile; empty profiles every process on the host.
     pub pids: Vec<u32>,
+    /// The runtimes whose frames are unwound or named (of
+    /// [`RUNTIME_NAMES`]); every one by default.
+    pub runtimes: Vec<String>,
     /// The address of the HTTP server.
     pub http_address: SocketAddr,
     /// A level or a tracing `EnvFilter` directive string.
@@ -245,6 +252,7 @@ pub(crate) struct Settings {
     pub debug_info_memory_bytes: Option<u64>,
     pub duration: Option<Duration>,
     pub pids: Option<Vec<u32>>,
+    pub runtimes: Option<Vec<String>>,
     pub http_address: Option<SocketAddr>,
     pub log_level: Option<String>,
 }
@@ -287,6 +295,7 @@ impl Settings {
                 .or(lower.debug_info_memory_bytes),
             duration: self.duration.or(lower.duration),
             pids: self.pids.or(lower.pids),
+            runtimes: self.runtimes.or(lower.runtimes),
             http_address: self.http_address.or(lower.http_address),
             log_level: self.log_level.or(lower.log_level),
         }
@@ -335,6 +344,9 @@ impl Settings {
                 .unwrap_or(DEFAULT_DEBUG_INFO_MEMORY),
             duration: self.duration,
             pids: self.pids.unwrap_or_default(),
+            runtimes: self
+                .runtimes
+                .unwrap_or_else(|| RUNTIME_NAMES.iter().map(|&name| name.to_owned()).collect()),
             http_address: self.http_address.unwrap_or(DEFAULT_HTTP_ADDRESS),
             log_level: self
                 .log_level

@@ -39,6 +39,8 @@ pub(crate) const EXPECTED_MEMORY_SIZE: &str =
 pub(crate) const EXPECTED_RECEIVER_MEMORY: &str =
     "a size from 1MiB to 16GiB, like 128MiB or 1GiB (a plain number is bytes)";
 pub(crate) const EXPECTED_FILE_COUNT: &str = "a number of files from 0 (no limit) to 100000000";
+pub(crate) const EXPECTED_RUNTIMES: &str =
+    "`all`, `none`, or a comma-separated list of cpython, perf-map";
 pub(crate) const EXPECTED_PID: &str = "a process ID, an integer from 1 to 2147483647";
 pub(crate) const EXPECTED_PIDS: &str =
     "a list of process IDs, integers from 1 to 2147483647, like [1234, 5678]";
@@ -57,6 +59,29 @@ pub(crate) struct Invalid {
     pub expected: &'static str,
     /// What in particular is wrong, when more can be said than the form.
     pub detail: Option<String>,
+}
+
+/// The runtimes to unwind: `all`, `none`, or names from [`crate::RUNTIME_NAMES`].
+pub(crate) fn runtimes(text: &str) -> Result<Vec<String>, Invalid> {
+    let text = text.trim();
+    match text {
+        "all" => return Ok(crate::RUNTIME_NAMES.iter().map(|&n| n.to_owned()).collect()),
+        "none" => return Ok(Vec::new()),
+        _ => {}
+    }
+    let mut names: Vec<String> = Vec::new();
+    for name in text.split(',').map(str::trim) {
+        if !crate::RUNTIME_NAMES.contains(&name) {
+            return Err(Invalid::because(
+                EXPECTED_RUNTIMES,
+                format!("{name:?} is not a runtime icecore knows"),
+            ));
+        }
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
 }
 
 impl Invalid {

@@ -33,12 +33,6 @@ pub fn emit(scratch: &mut UnwindScratch) {
     if scratch.state.dwarf_frames != 0 {
         count_n(Counter::DwarfFrames, u64::from(scratch.state.dwarf_frames));
     }
-    if scratch.state.python_frames != 0 {
-        count_n(
-            Counter::PythonFrames,
-            u64::from(scratch.state.python_frames),
-        );
-    }
     if scratch.state.frame_pointer_frames != 0 {
         count_n(
             Counter::FramePointerFrames,
@@ -46,8 +40,7 @@ pub fn emit(scratch: &mut UnwindScratch) {
         );
     }
     let header = &scratch.record.header;
-    let mut frames =
-        (header.kernel_frames + header.user_frames + header.interpreter_words) as usize;
+    let mut frames = (header.kernel_frames + header.user_words) as usize;
     if frames > MAX_FRAMES {
         frames = MAX_FRAMES;
     }

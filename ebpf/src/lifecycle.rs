@@ -38,7 +38,7 @@ pub fn on_process_exit(_ctx: TracePointContext) -> u32 {
         return 0;
     }
     // SAFETY: presence test only.
-    if unsafe { PROCESS_SLOTS.get(&pid) }.is_none() {
+    if unsafe { PROCESS_SLOTS.get(pid) }.is_none() {
         return 0;
     }
     // Default flags, as for an exec: an exit left unread without a wakeup

@@ -3,9 +3,9 @@
 //! `on_cpu_sample` runs on every CPU-clock perf event. It fills the sample's
 //! fixed part and kernel stack in per-CPU scratch space, then tail-calls the
 //! native unwinder, which walks the user stack a bounded number of frames per
-//! program and tail-calls itself to continue, then hands over to the process's
-//! interpreter unwinder if it has one (`unwind_python`, see
-//! `icecore_unwinders::interpreter`); the last program copies the finished
+//! program and tail-calls itself to continue, handing frames to runtime
+//! unwinders (`unwind_python`) where the program counter enters code they own
+//! (see `icecore_unwinders::runtime`); the last program copies the finished
 //! record into the ring buffer. Every way a sample can end or degrade bumps a
 //! named counter (see `icecore_unwinders::Counter`).
 #![no_std]
@@ -15,7 +15,7 @@ mod emit;
 mod lifecycle;
 mod maps;
 mod native;
-mod python;
+mod runtimes;
 mod task;
 
 use aya_ebpf::{
@@ -66,8 +66,7 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
     header.pid = pid;
     header.tid = pid_tgid as u32;
     header.flags = 0;
-    header.user_frames = 0;
-    header.interpreter_words = 0;
+    header.user_words = 0;
     // Straight into the record: `ctx.command()` would zero a stack copy first.
     // SAFETY: `comm` is a 16-byte buffer, the size passed.
     if unsafe { bpf_get_current_comm(header.comm.as_mut_ptr().cast(), 16) } < 0 {
@@ -112,7 +111,10 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
     scratch.state.tail_calls = 0;
     scratch.state.dwarf_frames = 0;
     scratch.state.frame_pointer_frames = 0;
-    scratch.state.python_frames = 0;
+    scratch.state.resume = icecore_unwinders::runtime::resume::FRESH;
+    scratch.state.deferred_program = 0;
+    scratch.state.native_done = 0;
+    scratch.state.runtimes.reset();
     scratch.stack.clear();
     let Some(registers) = user else {
         count(Counter::NoUserRegisters);
@@ -144,7 +146,7 @@ pub fn unwind_native(ctx: PerfEventContext) -> u32 {
 
 #[perf_event]
 pub fn unwind_python(ctx: PerfEventContext) -> u32 {
-    python::unwind(&ctx)
+    runtimes::python::unwind(&ctx)
 }
 
 #[perf_event]

@@ -84,7 +84,7 @@ pub fn is_profiled(pid: u32) -> bool {
     // SAFETY: a plain load of a load-time constant.
     let filter = unsafe { core::ptr::read_volatile(&FILTER_BY_PID) };
     // SAFETY: the value is only tested for presence.
-    filter == 0 || unsafe { PID_FILTER.get(&pid) }.is_some()
+    filter == 0 || unsafe { PID_FILTER.get(pid) }.is_some()
 }
 
 /// Continues the sample in `program` if its tail-call budget allows. Returns

@@ -9,14 +9,15 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use icecore_unwinders::{
-    BlockReader, Counter, MAX_TAIL_CALLS, MemoryReader, ProgramIndex, Registers, StepOutcome,
-    WindowedReader,
+    BlockReader, Counter, Dispatch, MAX_TAIL_CALLS, MemoryReader, ProgramIndex, Registers,
+    StepOutcome, WindowedReader,
     memory::{STACK_WINDOW_BYTES, STACK_WINDOW_WORDS},
     native::{
-        ProcessMappingTable, ProcessSlotCache, ProcessSlotEntry, RowCache, dwarf_step, find_row,
-        frame_pointer_step,
+        MappingEntry, ProcessMappingTable, ProcessSlotCache, ProcessSlotEntry, RowCache,
+        dwarf_step, find_row, frame_pointer_step,
     },
-    sample::{INTERPRETER_WALK_START, MAX_FRAMES, MAX_USER_FRAMES, flags},
+    runtime::{USER_ADDRESS_END, after_native_walk, resume},
+    sample::{MAX_FRAMES, MAX_USER_FRAMES, flags},
 };
 
 use crate::maps::{PROCESS_MAPPINGS, PROCESS_SLOTS, SCRATCH, UNWIND_TABLES, continue_in, count};
@@ -59,24 +60,19 @@ impl BlockReader for UserMemory {
     }
 }
 
-/// One step from `regs`; `is_caller` when `regs.ip` is a return address.
-/// The flag tells whether an unwind table (rather than frame pointers) was used.
+/// One step from `regs`, whose code is at `pc` in `entry` (if a mapping
+/// covers it). The flag tells whether an unwind table (rather than frame
+/// pointers) was used.
 #[inline(always)]
 fn step(
     regs: &mut Registers,
-    is_caller: bool,
-    mappings: Option<&ProcessMappingTable>,
+    pc: u64,
+    entry: Option<&MappingEntry>,
+    zero: u32,
     rows: &mut RowCache,
     memory: &mut WindowedReader<'_, UserMemory>,
 ) -> (StepOutcome, bool) {
-    // A return address points after the call; the call is what covers it.
-    let pc = if is_caller {
-        regs.ip.wrapping_sub(1)
-    } else {
-        regs.ip
-    };
-    if let Some(mappings) = mappings
-        && let Some(entry) = mappings.find_from(pc, zero(mappings))
+    if let Some(entry) = entry
         && entry.table_rows != 0
         && let Ok(vaddr) = u32::try_from(pc.wrapping_sub(entry.bias))
     {
@@ -84,7 +80,7 @@ fn step(
         let mut cached = rows.holds(index, entry.file_id, vaddr);
         if !cached
             && let Some(table) = UNWIND_TABLES.get(entry.table_slot)
-            && let Some(row) = find_row(entry.table_rows, vaddr, zero(mappings), |i| table.get(i))
+            && let Some(row) = find_row(entry.table_rows, vaddr, zero, |i| table.get(i))
         {
             rows.insert(index, entry.file_id, vaddr, row);
             cached = true;
@@ -123,7 +119,7 @@ fn process_mappings(
         return Some(table);
     }
     // SAFETY: a plain value read.
-    let slot = *unsafe { PROCESS_SLOTS.get(&pid) }?;
+    let slot = *unsafe { PROCESS_SLOTS.get(pid) }?;
     let table = table_at(slot)?;
     if table.pid != pid {
         return None;
@@ -153,25 +149,58 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     }
     let mut memory = WindowedReader::new(&mut scratch.stack, UserMemory);
     let mut finished = false;
+    let mut complete = false;
+    // A runtime program that takes over at the current frame.
+    let mut handover = 0u32;
     for _ in 0..FRAMES_PER_PROGRAM {
-        let user = scratch.record.header.user_frames as usize;
-        let index = scratch.record.header.kernel_frames as usize + user;
-        if user >= MAX_USER_FRAMES || index >= MAX_FRAMES {
-            count(Counter::UserStackTruncated);
-            scratch.record.header.flags |= flags::USER_TRUNCATED;
-            finished = true;
-            break;
+        let resume = core::mem::replace(&mut scratch.state.resume, resume::FRESH);
+        // After the first step the registers are a caller's: its ip is a
+        // return address, which points after the call that covers it.
+        let is_caller = scratch.state.dwarf_frames != 0 || scratch.state.frame_pointer_frames != 0;
+        let ip = scratch.state.registers.ip;
+        let pc = if is_caller { ip.wrapping_sub(1) } else { ip };
+        let entry = mappings.and_then(|m| m.find_from(pc, zero(m)));
+        if resume == resume::FRESH
+            && let Some(entry) = entry
+        {
+            if entry.dispatch == Dispatch::Handover as u8 {
+                handover = u32::from(entry.program);
+                break;
+            }
+            if entry.dispatch == Dispatch::Deferred as u8 {
+                scratch.state.deferred_program = entry.program;
+            }
         }
-        let Some(slot) = scratch.record.frames.get_mut(index) else {
-            finished = true;
-            break;
-        };
-        *slot = scratch.state.registers.ip;
-        scratch.record.header.user_frames += 1;
+        if resume != resume::STEP_ONLY {
+            let index =
+                (scratch.record.header.kernel_frames + scratch.record.header.user_words) as usize;
+            if scratch.record.header.user_words as usize >= MAX_USER_FRAMES || index >= MAX_FRAMES {
+                count(Counter::UserStackTruncated);
+                scratch.record.header.flags |= flags::USER_TRUNCATED;
+                finished = true;
+                break;
+            }
+            // Words at or above this are runtimes' tags: a wild return
+            // address must not pass for one.
+            if ip >= USER_ADDRESS_END {
+                count(Counter::UserFrameInvalid);
+                scratch.record.header.flags |= flags::USER_INCOMPLETE;
+                finished = true;
+                break;
+            }
+            let Some(slot) = scratch.record.frames.get_mut(index) else {
+                finished = true;
+                break;
+            };
+            *slot = ip;
+            scratch.record.header.user_words += 1;
+        }
+        let zero = mappings.map_or(0, zero);
         let (outcome, used_table) = step(
             &mut scratch.state.registers,
-            user > 0,
-            mappings,
+            pc,
+            entry,
+            zero,
             &mut scratch.rows,
             &mut memory,
         );
@@ -184,6 +213,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
             StepOutcome::Caller => {}
             StepOutcome::EndOfStack => {
                 finished = true;
+                complete = true;
                 break;
             }
             StepOutcome::ReadFailed => {
@@ -200,21 +230,34 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
             }
         }
     }
-    if !finished {
+    if handover != 0 {
+        if crate::runtimes::hand_to(ctx, scratch, handover) {
+            // No program in the slot: this frame is native code after all.
+            scratch.state.resume = resume::NATIVE;
+            if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeUnwinder) {
+                return 0;
+            }
+        }
+        count(Counter::UserStackTruncated);
+        scratch.record.header.flags |= flags::USER_TRUNCATED;
+    } else if !finished {
         if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeUnwinder) {
             return 0;
         }
         count(Counter::UserStackTruncated);
         scratch.record.header.flags |= flags::USER_TRUNCATED;
     }
-    // The process's interpreter unwinder, if any, continues the sample.
-    if let Some(mappings) = mappings
-        && mappings.interpreter == ProgramIndex::Python as u32
-    {
-        scratch.state.interpreter_frame = INTERPRETER_WALK_START;
-        if continue_in(ctx, &mut scratch.state, ProgramIndex::Python) {
-            return 0;
-        }
+    // A deferred runtime the walk passed (or the process's own, when the
+    // walk ended before reaching its frames) walks its frames and emits.
+    scratch.state.native_done = 1;
+    let program = after_native_walk(
+        scratch.state.deferred_program,
+        mappings.map_or(0, |m| m.deferred_program),
+        complete,
+    );
+    if program != 0 && !crate::runtimes::hand_to(ctx, scratch, program) {
+        // Out of tail calls: the sample goes out with its native frames.
+        scratch.record.header.flags |= flags::INTERPRETER_TRUNCATED;
     }
     // Emitting here rather than in `emit_sample` saves a tail call.
     crate::emit::emit(scratch);

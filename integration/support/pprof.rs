@@ -242,6 +242,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
                 kind: None,
                 address,
                 mapping: mapping.clone(),
+                filename: None,
             });
         }
         if frames.is_empty() {
@@ -250,6 +251,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
                 kind: None,
                 address,
                 mapping,
+                filename: None,
             });
         }
         locations.insert(id, frames);

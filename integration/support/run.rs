@@ -201,6 +201,16 @@ impl SystemWideRun {
     /// Starts the OTLP receiver and a pprof dir in `tmp`, then `icecore` without
     /// a pid filter at `hz` with both sinks and `extra_args`.
     pub fn spawn(tmp: TempDir, hz: u32, extra_args: &[String]) -> SystemWideRun {
+        Self::spawn_wrapped(tmp, hz, &[], extra_args)
+    }
+
+    /// [`Self::spawn`] with icecore started through `wrapper` (`env K=V`).
+    pub fn spawn_wrapped(
+        tmp: TempDir,
+        hz: u32,
+        wrapper: &[&str],
+        extra_args: &[String],
+    ) -> SystemWideRun {
         let receiver = OtlpReceiver::start();
         let pprof_dir = tmp.path().join("pprof");
         make_dir(&pprof_dir);
@@ -212,7 +222,7 @@ impl SystemWideRun {
             s(pprof_dir.display()),
         ]);
         args.extend(extra_args.iter().cloned());
-        let icecore = Icecore::spawn(&args, tmp.path());
+        let icecore = Icecore::spawn_wrapped(wrapper, &args, tmp.path());
         SystemWideRun {
             icecore,
             hz,

@@ -20,6 +20,8 @@ pub struct Frame {
     /// File name of the location's mapping (`/usr/lib/…/libc.so.6`, `[vdso]`);
     /// None when the location has no mapping.
     pub mapping: Option<String>,
+    /// Source file of the line's function (OTLP only); None when unknown.
+    pub filename: Option<String>,
 }
 
 impl Frame {

@@ -16,16 +16,55 @@ pub enum FrameKind {
     Kernel,
     /// A CPython function.
     CPython,
+    /// A Ruby method.
+    Ruby,
+    /// A PHP function.
+    Php,
+    /// A Perl subroutine.
+    Perl,
+    /// A JVM method (interpreted or compiled by HotSpot).
+    Jvm,
+    /// A JavaScript function run by V8 (Node.js).
+    V8Js,
+    /// A .NET method.
+    DotNet,
 }
 
 impl FrameKind {
+    /// Every kind.
+    pub const ALL: [FrameKind; 9] = [
+        FrameKind::Native,
+        FrameKind::Kernel,
+        FrameKind::CPython,
+        FrameKind::Ruby,
+        FrameKind::Php,
+        FrameKind::Perl,
+        FrameKind::Jvm,
+        FrameKind::V8Js,
+        FrameKind::DotNet,
+    ];
+
     /// The value of the `profile.frame.type` semantic-convention attribute.
     pub fn as_otel_str(self) -> &'static str {
         match self {
             FrameKind::Native => "native",
             FrameKind::Kernel => "kernel",
             FrameKind::CPython => "cpython",
+            FrameKind::Ruby => "ruby",
+            FrameKind::Php => "php",
+            FrameKind::Perl => "perl",
+            FrameKind::Jvm => "jvm",
+            FrameKind::V8Js => "v8js",
+            FrameKind::DotNet => "dotnet",
         }
+    }
+
+    /// The kind a `profile.frame.type` value names; `None` for values icecore
+    /// does not produce.
+    pub fn from_otel_str(value: &str) -> Option<FrameKind> {
+        FrameKind::ALL
+            .into_iter()
+            .find(|k| k.as_otel_str() == value)
     }
 }
 

@@ -3,15 +3,10 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use icecore_otlp::model::{
-    Frame, FrameKind, ProcessInfo, ProcessProfile, ProfileBatch, SampleGroup,
-};
+use icecore_otlp::model::{Frame, ProcessInfo, ProcessProfile, ProfileBatch, SampleGroup};
 
 use crate::{
-    interpreters::{Interpreters, splice},
-    processes::ProcessTable,
-    record::RawSample,
-    symbolize::Symbolizer,
+    processes::ProcessTable, record::RawSample, runtimes::Runtimes, symbolize::Symbolizer,
 };
 
 /// A distinct (thread, stack) of one interval.
@@ -23,8 +18,7 @@ struct StackKey {
     tid: u32,
     comm: [u8; 16],
     kernel_frames: u32,
-    user_frames: u32,
-    /// Kernel frames then user frames, leaf first, then interpreter words.
+    /// Kernel frames then user words, leaf first.
     frames: Box<[u64]>,
 }
 
@@ -65,18 +59,13 @@ impl Aggregator {
             self.dropped += 1;
             return false;
         }
-        let frames: Box<[u64]> = sample
-            .kernel_frames()
-            .chain(sample.user_frames())
-            .chain(sample.interpreter_words())
-            .collect();
+        let frames: Box<[u64]> = sample.kernel_frames().chain(sample.user_words()).collect();
         let key = StackKey {
             pid: sample.header.pid,
             image,
             tid: sample.header.tid,
             comm: sample.header.comm,
             kernel_frames: sample.header.kernel_frames,
-            user_frames: sample.header.user_frames,
             frames,
         };
         self.stacks.entry(key).or_default().push(unix_nanos);
@@ -103,7 +92,7 @@ impl Aggregator {
         window: BatchWindow,
         processes: &mut ProcessTable,
         symbolizer: &mut Symbolizer,
-        interpreters: &mut Interpreters,
+        runtimes: &mut Runtimes,
     ) -> (ProfileBatch, IntervalStats) {
         let stats = IntervalStats {
             samples: self.samples,
@@ -119,7 +108,7 @@ impl Aggregator {
             for t in &mut timestamps {
                 *t = (*t).clamp(window.start_unix_nanos, last);
             }
-            let stack = symbolize_stack(&key, processes, symbolizer, interpreters);
+            let stack = symbolize_stack(&key, processes, symbolizer, runtimes);
             let thread_name = thread_names
                 .entry(key.comm)
                 .or_insert_with(|| Arc::from(comm_str(&key.comm).as_ref()))
@@ -200,12 +189,10 @@ fn symbolize_stack(
     key: &StackKey,
     processes: &mut ProcessTable,
     symbolizer: &mut Symbolizer,
-    interpreters: &mut Interpreters,
+    runtimes: &mut Runtimes,
 ) -> Arc<[Arc<Frame>]> {
     let kernel = (key.kernel_frames as usize).min(key.frames.len());
-    let (kernel_frames, rest) = key.frames.split_at(kernel);
-    let (user_frames, interpreter_words) =
-        rest.split_at((key.user_frames as usize).min(rest.len()));
+    let (kernel_frames, user_words) = key.frames.split_at(kernel);
     let mut frames = Vec::with_capacity(key.frames.len());
     for (i, &address) in kernel_frames.iter().enumerate() {
         // Return addresses point after the call; symbolize the call itself.
@@ -217,25 +204,11 @@ fn symbolize_stack(
         frames.push(symbolizer.kernel_frame(address));
     }
     let process = key.image.and_then(|image| processes.image(key.pid, image));
-    let native = user_frames.iter().enumerate().map(|(i, &address)| {
-        let is_return_address = i > 0;
-        let frame = match process.and_then(|p| p.mapping(address)) {
-            Some(mapping) => symbolizer.native_frame(key.pid, mapping, address, is_return_address),
-            None => Symbolizer::unknown_frame(FrameKind::Native, address),
-        };
-        (address.saturating_sub(u64::from(is_return_address)), frame)
-    });
-    match interpreters.owner_of(key.pid) {
-        Some(plugin) if !interpreter_words.is_empty() => {
-            let native: Vec<(u64, Arc<Frame>)> = native.collect();
-            let groups = plugin.frames(key.pid, interpreter_words);
-            frames.extend(splice(
-                native,
-                |address| plugin.is_interpreter_loop(key.pid, address),
-                groups,
-            ));
-        }
-        _ => frames.extend(native.map(|(_, frame)| frame)),
-    }
+    frames.extend(
+        runtimes.user_stack(key.pid, user_words, |address, is_return_address| {
+            let mapping = process?.mapping(address)?;
+            Some(symbolizer.native_frame(key.pid, mapping, address, is_return_address))
+        }),
+    );
     frames.into()
 }

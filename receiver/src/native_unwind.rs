@@ -16,15 +16,15 @@ use std::{
     thread,
 };
 
-use icecore_unwinders::{
-    ProgramIndex,
-    native::{MappingEntry, ProcessMappingTable, mappings::MAX_PROCESS_MAPPINGS},
+use icecore_unwinders::native::{
+    MappingEntry, ProcessMappingTable, mappings::MAX_PROCESS_MAPPINGS,
 };
 use lru::LruCache;
 use tracing::{debug, warn};
 
 use crate::{
     process_maps::{MappedFile, ProcessMappings},
+    runtimes::{ProcessRuntimes, RuntimeCode, services::mapped_file_paths},
     unwind_maps::UnwindMaps,
     unwind_table::{BuiltTable, build_table, vdso_table},
 };
@@ -45,7 +45,8 @@ impl FileKey {
         inode: 0,
     };
 
-    fn of(mapping: &MappedFile) -> Self {
+    /// The file `mapping` maps.
+    pub fn of(mapping: &MappedFile) -> Self {
         FileKey {
             dev: mapping.dev,
             inode: mapping.inode,
@@ -97,8 +98,8 @@ pub struct NativeUnwindInfo {
     users: HashMap<FileKey, HashSet<u32>>,
     /// Files each described process references.
     process_files: HashMap<u32, Vec<FileKey>>,
-    /// The interpreter unwinder slot of each described process that has one.
-    interpreters: HashMap<u32, ProgramIndex>,
+    /// The runtimes' code of each described process that has any.
+    runtimes: HashMap<u32, ProcessRuntimes>,
     jobs: mpsc::SyncSender<BuildJob>,
     results: mpsc::Receiver<(FileKey, Option<BuiltTable>)>,
     /// Notified when a build finishes, so that its table is installed at
@@ -155,7 +156,7 @@ impl NativeUnwindInfo {
             files: LruCache::new(max_cached_files),
             users: HashMap::new(),
             process_files: HashMap::new(),
-            interpreters: HashMap::new(),
+            runtimes: HashMap::new(),
             jobs,
             results,
             built,
@@ -166,23 +167,24 @@ impl NativeUnwindInfo {
     }
 
     /// Describes a process to BPF (first sample, or its mappings changed),
-    /// queueing table builds for files not seen before. `interpreter` is the
-    /// slot of the process's interpreter unwinder, if it has one.
+    /// queueing table builds for files not seen before. `runtimes` says
+    /// which of its code runtime programs unwind.
     pub fn describe_process(
         &mut self,
         pid: u32,
         mappings: &ProcessMappings,
-        interpreter: Option<ProgramIndex>,
+        runtimes: &ProcessRuntimes,
     ) {
-        match interpreter {
-            Some(slot) => self.interpreters.insert(pid, slot),
-            None => self.interpreters.remove(&pid),
-        };
+        if runtimes.code.is_empty() && runtimes.deferred_program == 0 {
+            self.runtimes.remove(&pid);
+        } else {
+            self.runtimes.insert(pid, runtimes.clone());
+        }
         let mut table = ProcessMappingTable {
-            interpreter: interpreter.map_or(0, |slot| slot as u32),
+            deferred_program: runtimes.deferred_program,
             ..Default::default()
         };
-        let mut count = 0usize;
+        let mut entries = Vec::new();
         let mut referenced = Vec::new();
         for mapping in mappings.mappings().iter().filter(|m| m.executable) {
             let (key, built) = if mapping.is_vdso() {
@@ -206,26 +208,28 @@ impl NativeUnwindInfo {
             let Some(bias) = built.load_bias(mapping) else {
                 continue;
             };
-            if count == MAX_PROCESS_MAPPINGS {
-                self.stats.mappings_left_out += 1;
-                continue;
-            }
             if key == FileKey::VDSO {
                 referenced.push(key);
             }
             let Some(slot) = self.use_table(pid, key, &built) else {
                 continue;
             };
-            table.entries[count] = MappingEntry {
+            entries.push(MappingEntry {
                 start: mapping.start,
                 end: mapping.end,
                 bias,
                 file_id: built.file_id,
                 table_rows: built.rows.len() as u32,
                 table_slot: slot,
-            };
-            count += 1;
+                ..MappingEntry::default()
+            });
         }
+        let entries = overlay_runtime_code(entries, &runtimes.code);
+        if entries.len() > MAX_PROCESS_MAPPINGS {
+            self.stats.mappings_left_out += (entries.len() - MAX_PROCESS_MAPPINGS) as u64;
+        }
+        let count = entries.len().min(MAX_PROCESS_MAPPINGS);
+        table.entries[..count].copy_from_slice(&entries[..count]);
         table.count = count as u32;
         // Mappings are sorted by start already (ProcessMappings guarantees it).
         if let Err(e) = self.maps.set_process(pid, &table) {
@@ -244,14 +248,7 @@ impl NativeUnwindInfo {
     fn queue_build(&mut self, pid: u32, key: FileKey, mapping: &MappedFile) {
         // map_files names the exact file mapped (even if deleted or replaced
         // since); the container-root path and the plain path are fallbacks.
-        let paths = vec![
-            PathBuf::from(format!(
-                "/proc/{pid}/map_files/{:x}-{:x}",
-                mapping.start, mapping.end
-            )),
-            PathBuf::from(format!("/proc/{pid}/root{}", mapping.path)),
-            PathBuf::from(&*mapping.path),
-        ];
+        let paths = mapped_file_paths(pid, mapping).to_vec();
         match self.jobs.try_send(BuildJob { key, paths }) {
             Ok(()) => {
                 self.files.put(key, FileState::Building);
@@ -353,8 +350,8 @@ impl NativeUnwindInfo {
         let mut described = Vec::new();
         for pid in waiting {
             if let Some(mappings) = mappings_of(pid) {
-                let interpreter = self.interpreters.get(&pid).copied();
-                self.describe_process(pid, mappings, interpreter);
+                let runtimes = self.runtimes.get(&pid).cloned().unwrap_or_default();
+                self.describe_process(pid, mappings, &runtimes);
                 described.push(pid);
             }
         }
@@ -364,7 +361,7 @@ impl NativeUnwindInfo {
     /// Frees everything BPF holds for a process that exited or exec'd.
     pub fn forget_process(&mut self, pid: u32) {
         self.maps.remove_process(pid);
-        self.interpreters.remove(&pid);
+        self.runtimes.remove(&pid);
         if let Some(files) = self.process_files.remove(&pid) {
             for key in files {
                 self.release_table(pid, key);
@@ -386,5 +383,157 @@ impl NativeUnwindInfo {
             inner_map_bytes: self.maps.inner_map_bytes(),
             ..self.stats
         }
+    }
+}
+
+/// `entries` (a process's file mappings, sorted, disjoint) with the
+/// runtimes' code laid over them: an entry overlapping runtime code is split
+/// so that the code's part names the runtime's program; runtime code no
+/// file entry covers (JIT code, or a file whose table is not built yet)
+/// gets an entry without a table, so that dispatch never depends on it.
+pub fn overlay_runtime_code(
+    entries: Vec<MappingEntry>,
+    code: &[(RuntimeCode, u8)],
+) -> Vec<MappingEntry> {
+    let mut out = entries;
+    for &(code, program) in code {
+        if code.start >= code.end {
+            continue;
+        }
+        let mut next = Vec::with_capacity(out.len() + 2);
+        let mut covered = Vec::new();
+        for entry in out {
+            if entry.end <= code.start || entry.start >= code.end {
+                next.push(entry);
+                continue;
+            }
+            if entry.start < code.start {
+                next.push(MappingEntry {
+                    end: code.start,
+                    ..entry
+                });
+            }
+            let start = entry.start.max(code.start);
+            let end = entry.end.min(code.end);
+            next.push(MappingEntry {
+                start,
+                end,
+                program,
+                dispatch: code.dispatch as u8,
+                ..entry
+            });
+            covered.push((start, end));
+            if entry.end > code.end {
+                next.push(MappingEntry {
+                    start: code.end,
+                    ..entry
+                });
+            }
+        }
+        let gap = |start, end| MappingEntry {
+            start,
+            end,
+            program,
+            dispatch: code.dispatch as u8,
+            ..MappingEntry::default()
+        };
+        let mut at = code.start;
+        covered.sort_unstable();
+        for (start, end) in covered {
+            if start > at {
+                next.push(gap(at, start));
+            }
+            at = at.max(end);
+        }
+        if at < code.end {
+            next.push(gap(at, code.end));
+        }
+        next.sort_unstable_by_key(|e| e.start);
+        out = next;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use icecore_unwinders::Dispatch;
+
+    use super::*;
+
+    fn file(start: u64, end: u64, file_id: u64) -> MappingEntry {
+        MappingEntry {
+            start,
+            end,
+            bias: start - 0x1000,
+            file_id,
+            table_rows: 10,
+            table_slot: file_id as u32,
+            ..MappingEntry::default()
+        }
+    }
+
+    fn code(start: u64, end: u64, dispatch: Dispatch) -> (RuntimeCode, u8) {
+        (
+            RuntimeCode {
+                start,
+                end,
+                dispatch,
+            },
+            2,
+        )
+    }
+
+    fn shape(entries: &[MappingEntry]) -> Vec<(u64, u64, u64, u8, u8)> {
+        entries
+            .iter()
+            .map(|e| (e.start, e.end, e.file_id, e.program, e.dispatch))
+            .collect()
+    }
+
+    #[test]
+    fn runtime_code_splits_its_file_entry_and_keeps_the_table() {
+        let entries = vec![file(0x1000, 0x9000, 1), file(0xa000, 0xb000, 2)];
+        let out = overlay_runtime_code(entries, &[code(0x3000, 0x4000, Dispatch::Deferred)]);
+        assert_eq!(
+            shape(&out),
+            [
+                (0x1000, 0x3000, 1, 0, 0),
+                (0x3000, 0x4000, 1, 2, 2),
+                (0x4000, 0x9000, 1, 0, 0),
+                (0xa000, 0xb000, 2, 0, 0),
+            ]
+        );
+        assert!(
+            out.iter()
+                .take(3)
+                .all(|e| e.bias == 0 && e.table_rows == 10)
+        );
+    }
+
+    #[test]
+    fn uncovered_runtime_code_gets_a_table_less_entry() {
+        // JIT code between two files, and code straddling a file's end.
+        let entries = vec![file(0x1000, 0x2000, 1), file(0x8000, 0x9000, 2)];
+        let out = overlay_runtime_code(
+            entries,
+            &[
+                code(0x4000, 0x6000, Dispatch::Handover),
+                code(0x1800, 0x2800, Dispatch::Deferred),
+            ],
+        );
+        assert_eq!(
+            shape(&out),
+            [
+                (0x1000, 0x1800, 1, 0, 0),
+                (0x1800, 0x2000, 1, 2, 2),
+                (0x2000, 0x2800, 0, 2, 2),
+                (0x4000, 0x6000, 0, 2, 1),
+                (0x8000, 0x9000, 2, 0, 0),
+            ]
+        );
+        assert_eq!(out[2].table_rows, 0);
+        let sorted = out.windows(2).all(|w| w[0].end <= w[1].start);
+        assert!(sorted, "entries stay sorted and disjoint");
+        assert_eq!(overlay_runtime_code(Vec::new(), &[]), Vec::new());
     }
 }

@@ -143,10 +143,29 @@ impl MappedFile {
     }
 }
 
-/// The file-backed mappings of one process, sorted by address.
+/// An executable mapping backed by no file on disk: JIT code (anonymous
+/// memory, `[anon:…]`, or a `memfd:` double mapping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AnonymousCode {
+    /// First address of the mapping.
+    pub start: u64,
+    /// One past the last address of the mapping.
+    pub end: u64,
+}
+
+impl AnonymousCode {
+    /// Whether `addr` falls in the mapping.
+    pub fn contains(&self, addr: u64) -> bool {
+        self.start <= addr && addr < self.end
+    }
+}
+
+/// The file-backed mappings of one process, sorted by address, and its
+/// executable anonymous mappings (JIT code).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessMappings {
     mappings: Vec<MappedFile>,
+    anonymous_code: Vec<AnonymousCode>,
 }
 
 impl ProcessMappings {
@@ -177,6 +196,7 @@ impl ProcessMappings {
             });
         }
         let mut mappings: Vec<MappedFile> = Vec::new();
+        let mut anonymous_code = Vec::new();
         for (index, line) in text.lines().enumerate() {
             if index >= max_lines {
                 return Err(ProcessError::TooLarge {
@@ -193,6 +213,13 @@ impl ProcessMappings {
                 line: truncate(line, 200).to_owned(),
                 reason,
             })?;
+            if raw.executable && is_anonymous_code(raw.path) {
+                anonymous_code.push(AnonymousCode {
+                    start: raw.start,
+                    end: raw.end,
+                });
+                continue;
+            }
             let Some((path, deleted)) = keep_path(raw.path) else {
                 continue;
             };
@@ -216,7 +243,25 @@ impl ProcessMappings {
         if !mappings.is_sorted_by_key(|m| m.start) {
             mappings.sort_by_key(|m| m.start);
         }
-        Ok(ProcessMappings { mappings })
+        if !anonymous_code.is_sorted_by_key(|m| m.start) {
+            anonymous_code.sort_by_key(|m| m.start);
+        }
+        Ok(ProcessMappings {
+            mappings,
+            anonymous_code,
+        })
+    }
+
+    /// The executable anonymous mapping containing `addr`, if any.
+    pub fn find_anonymous_code(&self, addr: u64) -> Option<&AnonymousCode> {
+        let index = self.anonymous_code.partition_point(|m| m.start <= addr);
+        let code = self.anonymous_code.get(index.checked_sub(1)?)?;
+        code.contains(addr).then_some(code)
+    }
+
+    /// The executable anonymous mappings (JIT code), sorted by start address.
+    pub fn anonymous_code(&self) -> &[AnonymousCode] {
+        &self.anonymous_code
     }
 
     /// The mapping containing `addr`, whatever its permissions.
@@ -302,6 +347,13 @@ fn next_field(text: &str) -> Option<(&str, &str)> {
         Some(at) => (&text[..at], &text[at + 1..]),
         None => (text, ""),
     })
+}
+
+/// Whether an executable mapping's path says it holds code of no file:
+/// anonymous memory, a named anonymous region, or a `memfd` (runtimes that
+/// map their JIT code twice, writable and executable, use one).
+fn is_anonymous_code(path: &str) -> bool {
+    path.is_empty() || path.starts_with("[anon:") || path.starts_with("/memfd:")
 }
 
 /// The path to keep for a mapping with its deleted flag, or `None` to drop it.
@@ -489,6 +541,44 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         let m = maps.find(0x7f2a3d628010).unwrap();
         assert_eq!(m.file_offset_of(0x7f2a3d628010), Some(0x28010));
         assert_eq!(m.file_offset_of(0x7f2a3d600000), None);
+    }
+
+    #[test]
+    fn executable_anonymous_mappings_are_kept_as_jit_code() {
+        let text = "\
+7f0000000000-7f0000001000 r-xp 00000000 fd:01 1 /lib/a.so
+7f1000000000-7f1000800000 rwxp 00000000 00:00 0
+7f2000000000-7f2000100000 r-xp 00000000 00:00 0 [anon:v8 code]
+7f3000000000-7f3000100000 r-xs 00000000 00:01 7 /memfd:doublemapper (deleted)
+7f4000000000-7f4000100000 rw-p 00000000 00:00 0
+";
+        let maps = ProcessMappings::parse(text).unwrap();
+        assert_eq!(maps.mappings().len(), 1, "JIT code is not a file");
+        let starts: Vec<u64> = maps.anonymous_code().iter().map(|c| c.start).collect();
+        assert_eq!(
+            starts,
+            [0x7f10_0000_0000, 0x7f20_0000_0000, 0x7f30_0000_0000]
+        );
+        assert_eq!(
+            maps.find_anonymous_code(0x7f10_0000_0010).map(|c| c.end),
+            Some(0x7f10_0080_0000)
+        );
+        assert!(
+            maps.find_anonymous_code(0x7f40_0000_0000).is_none(),
+            "not executable"
+        );
+        assert!(
+            maps.find_anonymous_code(0x7f00_0000_0000).is_none(),
+            "a file"
+        );
+        // The anonymous code of the realistic sample: none but the vsyscall
+        // page, which the kernel serves and is not JIT code.
+        assert!(
+            ProcessMappings::parse(SAMPLE)
+                .unwrap()
+                .anonymous_code()
+                .is_empty()
+        );
     }
 
     #[test]

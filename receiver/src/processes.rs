@@ -288,10 +288,9 @@ impl ProcessTable {
         {
             return false;
         }
-        if addresses
-            .into_iter()
-            .all(|a| process.mappings.find(a).is_some())
-        {
+        if addresses.into_iter().all(|a| {
+            process.mappings.find(a).is_some() || process.mappings.find_anonymous_code(a).is_some()
+        }) {
             return false;
         }
         process.last_refresh = Some(Instant::now());

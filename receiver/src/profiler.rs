@@ -20,11 +20,11 @@ use crate::{
     clock::MonotonicToUnix,
     exec_watch::{ExecWatcher, Lifecycle},
     host,
-    interpreters::{InterpreterPlugin, InterpreterStats, Interpreters, python::PythonPlugin},
     native_unwind::{DEFAULT_MAX_TABLE_BYTES, NativeUnwindInfo, NativeUnwindStats},
     processes::ProcessTable,
     record::RawSample,
-    sampler::{CounterValues, CpuSampler, ProgramCost, SamplerError, SamplerOptions},
+    runtimes::{RuntimePlugin, RuntimeStats, Runtimes, registry},
+    sampler::{CounterValues, CpuSampler, ProgramCost, RuntimeLoad, SamplerError, SamplerOptions},
     symbolize::{Symbolizer, SymbolizerLimits},
     unwind_maps::UnwindMaps,
 };
@@ -89,8 +89,10 @@ pub struct ProfilerStats {
     pub native: NativeUnwindStats,
     /// Kernel memory of all of icecore's BPF maps, inner maps included.
     pub bpf_map_bytes: u64,
-    /// Each interpreter plugin's counts, by name.
-    pub interpreters: Vec<(&'static str, InterpreterStats)>,
+    /// Each runtime plugin's counts, by name.
+    pub runtimes: Vec<(&'static str, RuntimeStats)>,
+    /// Each runtime's state: running, turned off, or failed to start.
+    pub runtime_states: Vec<(&'static str, RuntimeState)>,
     /// Execs the exec thread followed.
     pub execs: u64,
     /// Of those, processes gone before their image could be read.
@@ -99,12 +101,24 @@ pub struct ProfilerStats {
     pub exec_events_dropped: u64,
 }
 
+/// Whether a runtime runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuntimeState {
+    /// Its plugin runs (and its BPF program, if it has one, is loaded).
+    Running,
+    /// Turned off by configuration.
+    Disabled,
+    /// It could not start: the kernel rejected its BPF program, or its
+    /// plugin could not be built (the message says why).
+    Failed(String),
+}
+
 /// The eBPF CPU profiler.
 pub struct CpuProfiler {
     sampler: CpuSampler,
     /// None when the unwind maps could not be set up: frame pointers only.
     native: Option<NativeUnwindInfo>,
-    interpreters: Interpreters,
+    runtimes: Runtimes,
     processes: ProcessTable,
     symbolizer: Symbolizer,
     aggregator: Aggregator,
@@ -161,15 +175,8 @@ impl CpuProfiler {
             .map_err(|e| warn!("DWARF unwinding off, cannot start its thread: {e}"))
             .ok()
         });
-        let mut plugins: Vec<Box<dyn InterpreterPlugin>> = Vec::new();
-        // Interpreter unwinders run after the native walk: without its
-        // tables there is nothing to hand over from.
-        if native.is_some() {
-            match sampler.take_python_processes() {
-                Ok(map) => plugins.push(Box::new(PythonPlugin::new(Box::new(map)))),
-                Err(e) => warn!("CPython unwinding off: {e}"),
-            }
-        }
+        let (plugins, runtime_states) =
+            start_runtimes(&mut sampler, &options.sampler.runtimes, native.is_some());
         let exec_watcher = sampler.take_events().and_then(|ring| {
             ExecWatcher::spawn(ring)
                 .map_err(|e| {
@@ -181,7 +188,7 @@ impl CpuProfiler {
         Ok(CpuProfiler {
             sampler,
             native,
-            interpreters: Interpreters::new(plugins),
+            runtimes: Runtimes::new(plugins),
             processes: ProcessTable::new(options.max_processes),
             symbolizer: Symbolizer::new(options.symbolizer),
             aggregator: Aggregator::new(options.max_samples_per_interval),
@@ -189,7 +196,10 @@ impl CpuProfiler {
             host_name: Arc::from(host::host_name()),
             period_nanos: 1_000_000_000 / hz,
             window_start: MonotonicToUnix::unix_now(),
-            stats: Arc::default(),
+            stats: Arc::new(Mutex::new(ProfilerStats {
+                runtime_states,
+                ..ProfilerStats::default()
+            })),
             reporter_interval: options.reporter_interval,
             lost_in_bpf: 0,
             lost_at_last_batch: 0,
@@ -207,7 +217,7 @@ impl CpuProfiler {
         let Self {
             sampler,
             native,
-            interpreters,
+            runtimes,
             processes,
             symbolizer,
             aggregator,
@@ -224,24 +234,18 @@ impl CpuProfiler {
         let mut described = Vec::new();
         let mut lifecycle = |processes: &mut ProcessTable,
                              native: &mut Option<NativeUnwindInfo>,
-                             interpreters: &mut Interpreters,
+                             runtimes: &mut Runtimes,
                              symbolizer: &mut Symbolizer,
                              described: &mut Vec<u32>| {
             if let Some(watcher) = exec_watcher.as_ref() {
                 watcher.drain(|event| {
                     apply_lifecycle(
-                        event,
-                        processes,
-                        native,
-                        interpreters,
-                        symbolizer,
-                        described,
-                        &mut exits,
+                        event, processes, native, runtimes, symbolizer, described, &mut exits,
                     );
                 });
             }
         };
-        lifecycle(processes, native, interpreters, symbolizer, &mut described);
+        lifecycle(processes, native, runtimes, symbolizer, &mut described);
         let mut malformed = 0u64;
         let n = sampler.drain(|bytes| match RawSample::decode(bytes) {
             Ok(sample) => {
@@ -250,7 +254,7 @@ impl CpuProfiler {
                 if processes.image_at(pid, sample.header.ktime_ns).is_none() {
                     // A process this drain has not seen: its exec may have
                     // been reported while the rings were being read.
-                    lifecycle(processes, native, interpreters, symbolizer, &mut described);
+                    lifecycle(processes, native, runtimes, symbolizer, &mut described);
                 }
                 let (process, learned) = processes.get_or_learn(pid, &comm);
                 let has_code = !process.mappings.is_empty();
@@ -259,7 +263,7 @@ impl CpuProfiler {
                 if learned {
                     symbolizer.preload(pid, &process.mappings, &[]);
                 }
-                let refreshed = processes.refresh_if_unmapped(pid, sample.user_frames());
+                let refreshed = processes.refresh_if_unmapped(pid, sample.native_frames());
                 if refreshed && let Some(process) = processes.get(pid) {
                     symbolizer.preload(pid, &process.mappings, &[]);
                 }
@@ -270,17 +274,15 @@ impl CpuProfiler {
                 {
                     if learned {
                         // A reused pid: whatever was known of the old process goes.
-                        interpreters.detach(pid);
+                        runtimes.detach(pid);
                     }
-                    let interpreter = interpreters.attach(pid, &process.mappings);
-                    native.describe_process(pid, &process.mappings, interpreter);
+                    let code = runtimes.attach(pid, &process.mappings);
+                    native.describe_process(pid, &process.mappings, &code);
                     described.push(pid);
                 }
-                if sample.header.interpreter_words > 0
-                    && let Some(plugin) = interpreters.owner_of(pid)
-                {
-                    let words: Vec<u64> = sample.interpreter_words().collect();
-                    plugin.observe(pid, &words);
+                if sample.has_runtime_words() && runtimes.has_process(pid) {
+                    let words: Vec<u64> = sample.user_words().collect();
+                    runtimes.observe(pid, &words);
                 }
                 let image = processes.image_at(pid, sample.header.ktime_ns);
                 aggregator.add(&sample, clock.to_unix(sample.header.ktime_ns), image);
@@ -342,7 +344,7 @@ impl CpuProfiler {
             window,
             &mut self.processes,
             &mut self.symbolizer,
-            &mut self.interpreters,
+            &mut self.runtimes,
         );
         // Images replaced by an exec, and the interpreter state of exited
         // processes, are kept until their last samples are symbolized,
@@ -350,7 +352,7 @@ impl CpuProfiler {
         self.processes.end_batch();
         for &pid in &exited {
             self.processes.forget(pid);
-            self.interpreters.detach(pid);
+            self.runtimes.detach(pid);
             if let Some(native) = self.native.as_mut() {
                 native.forget_process(pid);
             }
@@ -406,7 +408,7 @@ impl CpuProfiler {
         } else {
             None
         };
-        let interpreters = self.interpreters.stats();
+        let runtimes = self.runtimes.stats();
         let native = self
             .native
             .as_ref()
@@ -418,7 +420,7 @@ impl CpuProfiler {
         stats.counters = counters;
         stats.bpf_cost = cost;
         stats.processes_tracked = self.processes.len();
-        stats.interpreters = interpreters;
+        stats.runtimes = runtimes;
         if let Some(watcher) = &self.exec_watcher {
             let exec = watcher.stats();
             stats.execs = exec.execs.load(std::sync::atomic::Ordering::Relaxed);
@@ -512,7 +514,7 @@ fn apply_lifecycle(
     event: Lifecycle,
     processes: &mut ProcessTable,
     native: &mut Option<NativeUnwindInfo>,
-    interpreters: &mut Interpreters,
+    runtimes: &mut Runtimes,
     symbolizer: &mut Symbolizer,
     described: &mut Vec<u32>,
     exits: &mut Vec<(u32, u64)>,
@@ -529,7 +531,7 @@ fn apply_lifecycle(
                 if let Some(native) = native.as_mut() {
                     native.forget_process(pid);
                 }
-                interpreters.detach(pid);
+                runtimes.detach(pid);
             }
             // Parsed now, from the files held open since the exec: the
             // process may be gone by the time its batch is cut.
@@ -550,14 +552,69 @@ fn apply_lifecycle(
                 if let Some(native) = native.as_mut()
                     && native.is_described(pid)
                 {
-                    let interpreter = interpreters.attach(pid, &process.mappings);
-                    native.describe_process(pid, &process.mappings, interpreter);
+                    let code = runtimes.attach(pid, &process.mappings);
+                    native.describe_process(pid, &process.mappings, &code);
                     described.push(pid);
                 }
             }
         }
         Lifecycle::Exit { pid, ktime_ns } => exits.push((pid, ktime_ns)),
     }
+}
+
+/// Each runtime's name and state.
+type RuntimeStates = Vec<(&'static str, RuntimeState)>;
+
+/// Builds the plugin of every enabled runtime whose BPF program (if any)
+/// loaded, and says what became of each runtime.
+fn start_runtimes(
+    sampler: &mut CpuSampler,
+    enabled: &[&'static str],
+    native_tables: bool,
+) -> (Vec<Box<dyn RuntimePlugin>>, RuntimeStates) {
+    let mut plugins = Vec::new();
+    let mut states = Vec::new();
+    for runtime in registry::RUNTIMES {
+        let state = if !enabled.contains(&runtime.name) {
+            RuntimeState::Disabled
+        } else if let Some(failure) = runtime.bpf.and_then(|bpf| {
+            sampler
+                .runtime_loads()
+                .iter()
+                .find_map(|(r, load)| match load {
+                    RuntimeLoad::Failed(why) if r.name == bpf.name => Some(why.clone()),
+                    _ => None,
+                })
+        }) {
+            RuntimeState::Failed(failure)
+        } else if runtime.bpf.is_some() && !native_tables {
+            // Runtime code is dispatched from the native unwinder's tables.
+            warn!(
+                runtime = runtime.name,
+                "runtime off: the native unwinder's tables are off"
+            );
+            RuntimeState::Failed("the native unwinder's tables are off".into())
+        } else {
+            match (runtime.build)(sampler) {
+                Ok(plugin) => {
+                    plugins.push(plugin);
+                    RuntimeState::Running
+                }
+                Err(e) => {
+                    warn!(runtime = runtime.name, "runtime off: {e}");
+                    RuntimeState::Failed(e.to_string())
+                }
+            }
+        };
+        states.push((runtime.name, state));
+    }
+    let running: Vec<&str> = states
+        .iter()
+        .filter(|(_, s)| *s == RuntimeState::Running)
+        .map(|(n, _)| *n)
+        .collect();
+    info!(runtimes = ?running, "runtime unwinders");
+    (plugins, states)
 }
 
 async fn wait_notified(notify: Option<&tokio::sync::Notify>) {

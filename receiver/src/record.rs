@@ -1,6 +1,6 @@
 //! Decoding the sample records BPF writes to the ring buffer.
 
-use icecore_unwinders::{SampleHeader, sample::MAX_FRAMES};
+use icecore_unwinders::{SampleHeader, runtime::tag_of, sample::MAX_FRAMES};
 
 /// A ring-buffer record that cannot be a sample.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -9,14 +9,12 @@ pub enum RecordError {
     #[error("record of {0} bytes is shorter than the {HEADER} byte header")]
     TooShort(usize),
     /// The frame counts disagree with the record's length or capacity.
-    #[error("record claims {kernel}+{user}+{interpreter} words but carries {carried}")]
+    #[error("record claims {kernel}+{user} words but carries {carried}")]
     FrameCount {
         /// Kernel frames claimed.
         kernel: u32,
-        /// User frames claimed.
+        /// User words claimed.
         user: u32,
-        /// Interpreter words claimed.
-        interpreter: u32,
         /// Frames actually present.
         carried: usize,
     },
@@ -31,10 +29,8 @@ pub struct RawSample<'a> {
     pub header: SampleHeader,
     /// Kernel frames, leaf first, as little-endian words.
     kernel: &'a [u8],
-    /// User frames, leaf first, as little-endian words.
+    /// User words, leaf first, as little-endian words.
     user: &'a [u8],
-    /// Interpreter words, innermost first (see `icecore_unwinders::interpreter`).
-    interpreter: &'a [u8],
 }
 
 fn words(bytes: &[u8]) -> impl ExactSizeIterator<Item = u64> + '_ {
@@ -55,24 +51,20 @@ impl<'a> RawSample<'a> {
         // asserted in icecore-unwinders); read_unaligned copes with alignment.
         let header = unsafe { head.as_ptr().cast::<SampleHeader>().read_unaligned() };
         let kernel = header.kernel_frames as usize;
-        let user = header.user_frames as usize;
-        let interpreter = header.interpreter_words as usize;
-        let total = kernel.saturating_add(user).saturating_add(interpreter);
+        let user = header.user_words as usize;
+        let total = kernel.saturating_add(user);
         if total > MAX_FRAMES || frames.len() != total * 8 {
             return Err(RecordError::FrameCount {
                 kernel: header.kernel_frames,
-                user: header.user_frames,
-                interpreter: header.interpreter_words,
+                user: header.user_words,
                 carried: frames.len() / 8,
             });
         }
-        let (kernel, rest) = frames.split_at(kernel * 8);
-        let (user, interpreter) = rest.split_at(user * 8);
+        let (kernel, user) = frames.split_at(kernel * 8);
         Ok(RawSample {
             header,
             kernel,
             user,
-            interpreter,
         })
     }
 
@@ -81,15 +73,21 @@ impl<'a> RawSample<'a> {
         words(self.kernel)
     }
 
-    /// User frames, leaf first; the first is the interrupted instruction, the
-    /// others are return addresses.
-    pub fn user_frames(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+    /// User words, leaf first: native frames' addresses (the first is the
+    /// interrupted instruction, the others are return addresses) and
+    /// runtimes' tagged words (see `icecore_unwinders::runtime`).
+    pub fn user_words(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
         words(self.user)
     }
 
-    /// Interpreter words, innermost first.
-    pub fn interpreter_words(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
-        words(self.interpreter)
+    /// The native frames among the user words.
+    pub fn native_frames(&self) -> impl Iterator<Item = u64> + '_ {
+        self.user_words().filter(|&w| tag_of(w) == 0)
+    }
+
+    /// Whether a runtime appended words to the native frames.
+    pub fn has_runtime_words(&self) -> bool {
+        self.user_words().any(|w| tag_of(w) != 0)
     }
 
     /// The thread name, up to its NUL.
@@ -114,9 +112,8 @@ mod tests {
             cpu: 1,
             flags: 0,
             kernel_frames: kernel.len() as u32,
-            user_frames: user.len() as u32,
-            interpreter_words: 0,
-            reserved: 0,
+            user_words: user.len() as u32,
+            reserved: [0; 2],
             comm: c,
         };
         // SAFETY: test-only view of a POD header as bytes.
@@ -144,7 +141,7 @@ mod tests {
             [0xffff_ffff_8100_0000, 2]
         );
         assert_eq!(
-            sample.user_frames().collect::<Vec<_>>(),
+            sample.user_words().collect::<Vec<_>>(),
             [0x40_1000, 0x40_2000, 3]
         );
     }
@@ -167,15 +164,18 @@ mod tests {
     }
 
     #[test]
-    fn interpreter_words_follow_the_user_frames() {
-        let mut bytes = record(&[1], &[2, 3, 4, 5], b"py");
-        // The last two words become interpreter words: 1 kernel + 2 user + 2.
-        bytes[28..32].copy_from_slice(&2u32.to_le_bytes());
-        bytes[32..36].copy_from_slice(&2u32.to_le_bytes());
+    fn runtime_words_are_told_from_native_frames() {
+        let tags = icecore_unwinders::python::CPYTHON.tags;
+        let code = tags.word(0, 0x7f00_0000_1000);
+        let instr = tags.word(3, 0x30);
+        let bytes = record(&[1], &[0x40_1000, code, instr, 0x40_2000], b"py");
         let sample = RawSample::decode(&bytes).unwrap();
-        assert_eq!(sample.user_frames().collect::<Vec<_>>(), [2, 3]);
-        assert_eq!(sample.interpreter_words().collect::<Vec<_>>(), [4, 5]);
-        bytes[32..36].copy_from_slice(&3u32.to_le_bytes());
-        assert!(RawSample::decode(&bytes).is_err());
+        assert!(sample.has_runtime_words());
+        assert_eq!(
+            sample.native_frames().collect::<Vec<_>>(),
+            [0x40_1000, 0x40_2000]
+        );
+        let plain = record(&[1], &[0x40_1000], b"c");
+        assert!(!RawSample::decode(&plain).unwrap().has_runtime_words());
     }
 }

@@ -15,7 +15,7 @@ use aya::{
         },
     },
 };
-use icecore_unwinders::{COUNTER_COUNT, Counter, ProgramIndex, python::PythonProcess};
+use icecore_unwinders::{BPF_RUNTIMES, BpfRuntime, COUNTER_COUNT, Counter, ProgramIndex};
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -88,6 +88,40 @@ pub struct SamplerOptions {
     pub frequency_hz: u32,
     /// Only these processes; every process when empty.
     pub pids: Vec<u32>,
+    /// Names of the runtimes whose BPF programs to load (see
+    /// `icecore_unwinders::BPF_RUNTIMES`); others stay unloaded.
+    pub runtimes: Vec<&'static str>,
+}
+
+impl SamplerOptions {
+    /// Sampling at `frequency_hz` (every process when `pids` is empty) with
+    /// every runtime.
+    pub fn new(frequency_hz: u32, pids: Vec<u32>) -> Self {
+        SamplerOptions {
+            frequency_hz,
+            pids,
+            runtimes: crate::runtimes::registry::RUNTIMES
+                .iter()
+                .map(|r| r.name)
+                .collect(),
+        }
+    }
+}
+
+/// The environment variable naming a runtime whose BPF program is made to
+/// fail verification: a test switch for the path a kernel that rejects a
+/// runtime's program takes.
+pub const REJECT_RUNTIME_ENV: &str = "ICECORE_TEST_REJECT_RUNTIME";
+
+/// How loading one runtime's BPF program went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuntimeLoad {
+    /// Loaded; its slot in the program array is filled.
+    Loaded,
+    /// Turned off by configuration.
+    Disabled,
+    /// The kernel rejected it (the message says why); the runtime is off.
+    Failed(String),
 }
 
 /// Counter values summed over CPUs, in `Counter` index order.
@@ -125,6 +159,7 @@ pub struct CpuSampler {
     cpus: usize,
     /// The entry program's perf events, one per CPU; empty once stopped.
     sampling_links: Vec<PerfEventLinkId>,
+    runtime_loads: Vec<(&'static BpfRuntime, RuntimeLoad)>,
 }
 
 impl CpuSampler {
@@ -157,6 +192,7 @@ impl CpuSampler {
         let task_fsbase_offset = task_fsbase_offset()
             .map_err(|e| warn!("no interpreter stacks (the thread's FS base is unknown): {e}"))
             .unwrap_or(0);
+        let rejected_program = rejected_program_for_test();
         let filter = u8::from(!options.pids.is_empty());
         let filter_capacity = u32::try_from(options.pids.len().max(1)).unwrap_or(u32::MAX);
 
@@ -165,6 +201,7 @@ impl CpuSampler {
             .override_global("TASK_STACK_OFFSET", &task_stack_offset, true)
             .override_global("TASK_FSBASE_OFFSET", &task_fsbase_offset, true)
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
+            .override_global("REJECTED_PROGRAM", &rejected_program, true)
             .map_max_entries("PID_FILTER", filter_capacity)
             .load(BPF_OBJECT)
             .map_err(|e| permission_or(e, SamplerError::Load))?;
@@ -196,10 +233,33 @@ impl CpuSampler {
             }
         }
 
-        for (_, name) in ProgramIndex::ALL {
+        for (_, name) in ProgramIndex::REQUIRED {
             load_program(&mut ebpf, name)?;
         }
         load_program(&mut ebpf, ENTRY_PROGRAM)?;
+        let runtime_loads: Vec<(&'static BpfRuntime, RuntimeLoad)> = BPF_RUNTIMES
+            .iter()
+            .map(|runtime| {
+                if !options.runtimes.contains(&runtime.name) {
+                    return (runtime, RuntimeLoad::Disabled);
+                }
+                match load_program(&mut ebpf, runtime.program_name) {
+                    Ok(()) => (runtime, RuntimeLoad::Loaded),
+                    Err(e) => {
+                        // One line, not the verifier's whole log: the
+                        // runtime is off, everything else runs.
+                        let reason = one_line_reason(&format!("{e:#}"));
+                        warn!(
+                            runtime = runtime.name,
+                            "the kernel rejected the runtime's BPF program; {} frames will not be unwound: {reason}",
+                            runtime.name
+                        );
+                        debug!(runtime = runtime.name, "{e:?}");
+                        (runtime, RuntimeLoad::Failed(reason))
+                    }
+                }
+            })
+            .collect();
 
         let programs_map = ebpf
             .take_map("PROGRAMS")
@@ -209,7 +269,11 @@ impl CpuSampler {
                 name: "PROGRAMS",
                 source,
             })?;
-        for (index, name) in ProgramIndex::ALL {
+        let loaded_runtimes = runtime_loads
+            .iter()
+            .filter(|(_, load)| *load == RuntimeLoad::Loaded)
+            .map(|(runtime, _)| (runtime.program, runtime.program_name));
+        for (index, name) in ProgramIndex::REQUIRED.into_iter().chain(loaded_runtimes) {
             let program = perf_program(&mut ebpf, name)?;
             let fd = program
                 .fd()
@@ -301,7 +365,20 @@ impl CpuSampler {
             _stats: stats,
             cpus: cpus.len(),
             sampling_links,
+            runtime_loads,
         })
+    }
+
+    /// How loading each runtime's BPF program went.
+    pub fn runtime_loads(&self) -> &[(&'static BpfRuntime, RuntimeLoad)] {
+        &self.runtime_loads
+    }
+
+    /// Whether `runtime`'s program loaded.
+    pub fn runtime_loaded(&self, runtime: &BpfRuntime) -> bool {
+        self.runtime_loads
+            .iter()
+            .any(|(r, load)| r.name == runtime.name && *load == RuntimeLoad::Loaded)
     }
 
     /// Stops sampling: detaches the perf events of every CPU, so that one
@@ -337,18 +414,20 @@ impl CpuSampler {
         self.unwind_maps.take()
     }
 
-    /// The CPython unwinder's per-process map, once.
-    pub fn take_python_processes(
+    /// A runtime's pid-keyed map named `name`, once, for its plugin.
+    pub fn runtime_process_map<V: aya::Pod>(
         &mut self,
-    ) -> Result<HashMap<MapData, u32, PythonProcess>, SamplerError> {
+        runtime: &BpfRuntime,
+        name: &'static str,
+    ) -> Result<HashMap<MapData, u32, V>, SamplerError> {
+        if !self.runtime_loaded(runtime) {
+            return Err(SamplerError::MissingProgram(runtime.program_name));
+        }
         let map = self
             .ebpf
-            .take_map("PYTHON_PROCESSES")
-            .ok_or(SamplerError::MissingMap("PYTHON_PROCESSES"))?;
-        HashMap::try_from(map).map_err(|source| SamplerError::Map {
-            name: "PYTHON_PROCESSES",
-            source,
-        })
+            .take_map(name)
+            .ok_or(SamplerError::MissingMap(name))?;
+        HashMap::try_from(map).map_err(|source| SamplerError::Map { name, source })
     }
 
     /// Counter values summed over CPUs.
@@ -459,10 +538,62 @@ fn permission_or_program(name: &'static str, source: aya::programs::ProgramError
     permission_or(source, |source| SamplerError::Program { name, source })
 }
 
+/// The program slot [`REJECT_RUNTIME_ENV`] names, or `u32::MAX`.
+fn rejected_program_for_test() -> u32 {
+    let Ok(name) = std::env::var(REJECT_RUNTIME_ENV) else {
+        return u32::MAX;
+    };
+    match BPF_RUNTIMES.iter().find(|r| r.name == name) {
+        Some(runtime) => {
+            warn!("{REJECT_RUNTIME_ENV}={name}: its BPF program is made to fail verification");
+            runtime.program as u32
+        }
+        None => u32::MAX,
+    }
+}
+
+/// One line for a (possibly multi-line) load error: its first line, and for
+/// a verifier log the line that says why (the last one before the
+/// verifier's statistics).
+fn one_line_reason(message: &str) -> String {
+    let first = message.lines().next().unwrap_or("").trim();
+    let first = first.split(" Verifier output:").next().unwrap_or(first);
+    let why = message.lines().rev().map(str::trim).find(|line| {
+        !line.is_empty()
+            && !line.starts_with("processed ")
+            && !line.starts_with("verification time")
+            && !line.starts_with("stack depth")
+            && !line.starts_with(": ")
+    });
+    match why {
+        Some(why) if message.contains("Verifier output:") => format!("{first}: {why}"),
+        _ => first.to_owned(),
+    }
+}
+
 /// Offset of `thread.fsbase` in `struct task_struct`, from the kernel's BTF.
 fn task_fsbase_offset() -> Result<u64, kernel_btf::BtfError> {
     let btf = std::path::Path::new(kernel_btf::VMLINUX_BTF);
     let thread = kernel_btf::member_offset_in_file(btf, "task_struct", "thread")?;
     let fsbase = kernel_btf::member_offset_in_file(btf, "thread_struct", "fsbase")?;
     Ok(u64::from(thread) + u64::from(fsbase))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verifier_log_is_told_in_one_line() {
+        let log = "BPF program unwind_python: the BPF_PROG_LOAD syscall returned Permission \
+                   denied (os error 13). Verifier output: 0: R1=ctx() R10=fp0\n\
+                   1: (bf) r6 = r1\nR1 invalid mem access 'scalar'\n\
+                   processed 40 insns (limit 1000000)\n: Permission denied (os error 13)";
+        assert_eq!(
+            one_line_reason(log),
+            "BPF program unwind_python: the BPF_PROG_LOAD syscall returned Permission denied \
+             (os error 13).: R1 invalid mem access 'scalar'"
+        );
+        assert_eq!(one_line_reason("one\ntwo"), "one");
+    }
 }

@@ -50,14 +50,17 @@ pub enum Counter {
     PythonReadFailed = 18,
     /// The Python stack hit the record or tail-call limit and was cut.
     PythonStackTruncated = 19,
-    /// The native unwinder named the CPython unwinder for a process that has no `PYTHON_PROCESSES` entry.
+    /// The native unwinder ran the CPython unwinder for a process that has no `PYTHON_PROCESSES` entry.
     PythonProcessMissing = 20,
     /// The sampling CPU has no ring buffer (it was not online at start); the sample was lost.
     SampleRingMissing = 21,
+    /// A mapping named a runtime program whose slot is empty (it failed to
+    /// load); its frames were unwound as native code instead.
+    RuntimeProgramMissing = 22,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 22;
+pub const COUNTER_COUNT: u32 = 23;
 
 impl Counter {
     /// Every counter, in index order.
@@ -84,6 +87,7 @@ impl Counter {
         Counter::PythonStackTruncated,
         Counter::PythonProcessMissing,
         Counter::SampleRingMissing,
+        Counter::RuntimeProgramMissing,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -111,6 +115,7 @@ impl Counter {
             Counter::PythonStackTruncated => "python_stack_truncated",
             Counter::PythonProcessMissing => "python_process_missing",
             Counter::SampleRingMissing => "sample_ring_missing",
+            Counter::RuntimeProgramMissing => "runtime_program_missing",
         }
     }
 }

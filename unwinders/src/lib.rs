@@ -14,11 +14,11 @@ extern crate std;
 
 pub mod counters;
 pub mod events;
-pub mod interpreter;
 pub mod memory;
 pub mod native;
 pub mod programs;
 pub mod python;
+pub mod runtime;
 pub mod sample;
 #[cfg(feature = "user")]
 pub mod table;
@@ -29,4 +29,5 @@ pub use counters::{COUNTER_COUNT, Counter};
 pub use memory::{BlockReader, MemoryReader, StackWindow, WindowedReader};
 pub use native::{Registers, StepOutcome};
 pub use programs::{MAX_TAIL_CALLS, ProgramIndex};
+pub use runtime::{BPF_RUNTIMES, BpfRuntime, Dispatch, RuntimeStates};
 pub use sample::{SampleHeader, SampleRecord, UnwindScratch, UnwindState};

@@ -2,13 +2,14 @@
 //!
 //! The perf-event entry program (`on_cpu_sample`) is attached to the CPUs, not
 //! stored in the array. It fills the sample's fixed part and tail-calls
-//! [`ProgramIndex::NativeUnwinder`]; unwinders tail-call themselves to continue
-//! and [`ProgramIndex::Emit`] when the stack is complete. Interpreter unwinders
-//! get their own slots here.
+//! [`ProgramIndex::NativeUnwinder`]; unwinders tail-call themselves to
+//! continue, and each other at runtime boundaries (see [`crate::runtime`]).
+//! The native unwinder and the emitter must load; each runtime's program is
+//! optional (its slot stays empty when the kernel rejects it).
 
 /// Slots of the `PROGRAMS` program array.
 #[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProgramIndex {
     /// Walks native user frames.
     NativeUnwinder = 0,
@@ -19,11 +20,11 @@ pub enum ProgramIndex {
 }
 
 impl ProgramIndex {
-    /// Every slot with the name of the BPF program that fills it.
-    pub const ALL: [(ProgramIndex, &'static str); PROGRAM_COUNT as usize] = [
+    /// The slots every sample needs, with the names of their BPF programs.
+    /// Runtime programs are listed in [`crate::runtime::BPF_RUNTIMES`].
+    pub const REQUIRED: [(ProgramIndex, &'static str); 2] = [
         (ProgramIndex::NativeUnwinder, "unwind_native"),
         (ProgramIndex::Emit, "emit_sample"),
-        (ProgramIndex::Python, "unwind_python"),
     ];
 }
 
@@ -33,3 +34,23 @@ pub const PROGRAM_COUNT: u32 = 3;
 /// Tail calls one sample may use. The kernel allows 33 per chain (32 before
 /// 5.17); keeping a margin leaves room for the final jump to `Emit`.
 pub const MAX_TAIL_CALLS: u32 = 29;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slot_is_filled_by_one_program() {
+        let mut slots: [bool; PROGRAM_COUNT as usize] = [false; PROGRAM_COUNT as usize];
+        let runtimes = crate::runtime::BPF_RUNTIMES.map(|r| r.program);
+        for index in ProgramIndex::REQUIRED
+            .map(|(i, _)| i)
+            .iter()
+            .chain(&runtimes)
+        {
+            assert!(!slots[*index as usize], "{index:?} twice");
+            slots[*index as usize] = true;
+        }
+        assert!(slots.iter().all(|&s| s), "an empty slot");
+    }
+}

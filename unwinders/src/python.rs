@@ -10,7 +10,67 @@
 //! Which fields sit where is per-version data that user space fills in
 //! ([`PythonProcess`]), so this code has no version branches.
 
-use crate::{MemoryReader, interpreter::WordTag};
+use crate::{
+    Counter, MemoryReader, ProgramIndex,
+    runtime::{BpfRuntime, TagRange},
+};
+
+/// CPython's BPF half.
+pub const CPYTHON: BpfRuntime = BpfRuntime {
+    name: "cpython",
+    program: ProgramIndex::Python,
+    program_name: "unwind_python",
+    tags: TagRange { first: 0x10 },
+    counters: &[
+        Counter::PythonFrames,
+        Counter::PythonNoThreadState,
+        Counter::PythonReadFailed,
+        Counter::PythonStackTruncated,
+        Counter::PythonProcessMissing,
+    ],
+};
+
+/// CPython's local word tags (see [`crate::runtime::TagRange`]).
+pub mod word {
+    /// A frame: the code object's address; the next word is the frame's
+    /// raw instruction position.
+    pub const FRAME: u8 = 0;
+    /// A frame that was the first one its `_PyEval_EvalFrameDefault` call
+    /// evaluated: the outermost of that call's frames.
+    pub const ENTRY_FRAME: u8 = 1;
+    /// The boundary between two `_PyEval_EvalFrameDefault` calls, where the
+    /// interpreter links a C-stack shim frame (3.12+); carries no payload.
+    pub const CALL_BOUNDARY: u8 = 2;
+    /// The word after a frame's: its raw instruction position (tagged like
+    /// every runtime word, so that an untagged word is always a native frame).
+    pub const INSTR: u8 = 3;
+}
+
+/// CPython's state area between tail calls.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PythonWalkState {
+    /// The next frame to walk; 0 when the walk is over.
+    pub frame: u64,
+    /// Frames walked (counted once, when the walk ends).
+    pub frames: u16,
+    /// 1 once the sampled thread's current frame was looked up.
+    pub started: u8,
+    /// Zero.
+    pub reserved: [u8; 5],
+}
+
+const _: () = assert!(core::mem::size_of::<PythonWalkState>() == 16);
+
+impl PythonWalkState {
+    /// The state before a sample's walk.
+    #[inline(always)]
+    pub fn reset(&mut self) {
+        self.frame = 0;
+        self.frames = 0;
+        self.started = 0;
+    }
+}
 
 /// An offset that the version does not have.
 pub const NO_OFFSET: u16 = u16::MAX;
@@ -79,12 +139,13 @@ const _: () = assert!(core::mem::size_of::<PythonProcess>() == 32);
 pub enum PythonStep {
     /// A frame: a tagged code-object word and the raw instruction position.
     Frame {
-        /// [`WordTag::PythonFrame`] or [`WordTag::PythonEntryFrame`] with the code object's address.
+        /// A [`word::FRAME`] or [`word::ENTRY_FRAME`] word with the code object's address.
         code_word: u64,
-        /// `f_lasti`, `prev_instr` or `instr_ptr`, as the version stores it.
+        /// A [`word::INSTR`] word with `f_lasti`, `prev_instr` or
+        /// `instr_ptr`, as the version stores it.
         instr: u64,
     },
-    /// A C-stack shim frame: a [`WordTag::PythonCallBoundary`] word.
+    /// A C-stack shim frame: a [`word::CALL_BOUNDARY`] word.
     Boundary(u64),
     /// Memory the step needed could not be read.
     ReadFailed,
@@ -153,20 +214,20 @@ impl PythonProcess {
         let Some(instr) = memory.read_u64(field(self.frame_instr)) else {
             return PythonStep::ReadFailed;
         };
-        let mut tag = WordTag::PythonEntryFrame;
+        let mut tag = word::ENTRY_FRAME;
         if self.entry_kind != entry_kind::EVERY_FRAME {
             // The marker is a byte; its aligned word keeps windowed reads
             // in the window (an unaligned read is a helper call of its own).
-            let Some(word) = memory.read_u64(field(self.entry_offset & !7)) else {
+            let Some(marker_word) = memory.read_u64(field(self.entry_offset & !7)) else {
                 return PythonStep::ReadFailed;
             };
-            let marker = (word >> ((self.entry_offset & 7) * 8)) as u8;
+            let marker = (marker_word >> ((self.entry_offset & 7) * 8)) as u8;
             if self.entry_kind == entry_kind::CSTACK_SHIM && marker == self.cstack_owner {
                 *frame = previous;
-                return PythonStep::Boundary(WordTag::PythonCallBoundary.tag(0));
+                return PythonStep::Boundary(CPYTHON.tags.word(word::CALL_BOUNDARY, 0));
             }
             if self.entry_kind == entry_kind::CSTACK_SHIM || marker == 0 {
-                tag = WordTag::PythonFrame;
+                tag = word::FRAME;
             }
         }
         let instr = if self.instr_is_int != 0 {
@@ -176,8 +237,8 @@ impl PythonProcess {
         };
         *frame = previous;
         PythonStep::Frame {
-            code_word: tag.tag(code),
-            instr,
+            code_word: CPYTHON.tags.word(tag, code),
+            instr: CPYTHON.tags.word(word::INSTR, instr),
         }
     }
 }
@@ -263,13 +324,13 @@ mod tests {
         assert_eq!(
             p.step(&mut frame, &mut m2),
             PythonStep::Frame {
-                code_word: WordTag::PythonFrame.tag(0xc0dea),
-                instr: 0xc0dea + 0x60
+                code_word: CPYTHON.tags.word(word::FRAME, 0xc0dea),
+                instr: CPYTHON.tags.word(word::INSTR, 0xc0dea + 0x60)
             }
         );
         assert_eq!(
             p.step(&mut frame, &mut m2),
-            PythonStep::Boundary(WordTag::PythonCallBoundary.tag(0))
+            PythonStep::Boundary(CPYTHON.tags.word(word::CALL_BOUNDARY, 0))
         );
         assert!(matches!(
             p.step(&mut frame, &mut m2),
@@ -297,8 +358,8 @@ mod tests {
         assert_eq!(
             p.step(&mut frame, &mut m),
             PythonStep::Frame {
-                code_word: WordTag::PythonEntryFrame.tag(0xc0de),
-                instr: 0x42
+                code_word: CPYTHON.tags.word(word::ENTRY_FRAME, 0xc0de),
+                instr: CPYTHON.tags.word(word::INSTR, 0x42)
             }
         );
     }

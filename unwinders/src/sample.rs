@@ -4,6 +4,7 @@
 use crate::{
     memory::StackWindow,
     native::{ProcessSlotCache, Registers, RowCache},
+    runtime::RuntimeStates,
 };
 
 /// Kernel frames kept per sample; `kernel.perf_event_max_stack` defaults to 127.
@@ -27,9 +28,9 @@ pub mod flags {
     pub const USER_INCOMPLETE: u32 = 1 << 2;
     /// No user registers were available (kernel thread, or `pt_regs` not found).
     pub const NO_USER_REGISTERS: u32 = 1 << 3;
-    /// The interpreter's frames were cut at the record or tail-call limit.
+    /// A runtime's frames were cut at the record or tail-call limit.
     pub const INTERPRETER_TRUNCATED: u32 = 1 << 4;
-    /// The interpreter walk stopped on unreadable memory.
+    /// A runtime's walk stopped on unreadable memory.
     pub const INTERPRETER_INCOMPLETE: u32 = 1 << 5;
     /// User space had not described the process yet (unwound with frame
     /// pointers); its reader is woken to learn the process while it runs.
@@ -52,29 +53,28 @@ pub struct SampleHeader {
     pub flags: u32,
     /// Kernel frames at the start of `frames`.
     pub kernel_frames: u32,
-    /// User frames after the kernel frames.
-    pub user_frames: u32,
-    /// Interpreter words after the user frames (see [`crate::interpreter`]).
-    pub interpreter_words: u32,
+    /// User words after the kernel frames: native frames' addresses and
+    /// runtimes' tagged words, in walk order (see [`crate::runtime`]).
+    pub user_words: u32,
     /// Zero.
-    pub reserved: u32,
+    pub reserved: [u32; 2],
     /// Thread name (`comm`), NUL-padded.
     pub comm: [u8; 16],
 }
 
 /// One sample as written to the ring buffer. Only the header and the
-/// `kernel_frames + user_frames + interpreter_words` used words are sent.
+/// `kernel_frames + user_words` used words are sent.
 ///
-/// `frames` holds kernel frames, then user frames, each leaf first, then the
-/// interpreter's tagged words, innermost first. The first frame of the kernel
-/// and user parts is the interrupted instruction; the others are return
-/// addresses.
+/// `frames` holds kernel frames, then user words, each leaf first: native
+/// frames' addresses and runtimes' tagged words. The first native frame of
+/// the kernel and user parts is the interrupted instruction; the others are
+/// return addresses.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct SampleRecord {
     /// The fixed part.
     pub header: SampleHeader,
-    /// Kernel frames, then user frames.
+    /// Kernel frames, then user words.
     pub frames: [u64; MAX_FRAMES],
 }
 
@@ -100,20 +100,23 @@ pub struct UnwindState {
     /// Samples this CPU emitted since it last asked the ring buffer how much
     /// data waits. Kept across samples.
     pub samples_since_query: u16,
-    /// Interpreter frames walked so far (counted once, at emit).
-    pub python_frames: u16,
     /// `bpf_ktime_get_ns() >> 20` (about milliseconds, wrapping) when this
     /// CPU last woke the reader for an undescribed process. Kept across samples.
     pub undescribed_wakeup: u16,
+    /// What the native unwinder does with `registers` when a runtime hands
+    /// back (a [`crate::runtime::resume`] value).
+    pub resume: u8,
+    /// The deferred runtime program the native walk passed, to run when it
+    /// ends; 0 for none (see [`crate::runtime`]).
+    pub deferred_program: u8,
+    /// 1 once the native walk has ended (a deferred program then walks what
+    /// remains of its stack and emits).
+    pub native_done: u8,
     /// Zero.
-    pub reserved: [u16; 2],
-    /// The next interpreter frame to walk; [`INTERPRETER_WALK_START`] before
-    /// the interpreter unwinder's first run, 0 when its walk is done.
-    pub interpreter_frame: u64,
+    pub reserved: [u8; 3],
+    /// Each runtime's state area.
+    pub runtimes: RuntimeStates,
 }
-
-/// [`UnwindState::interpreter_frame`] when the interpreter walk has not started.
-pub const INTERPRETER_WALK_START: u64 = u64::MAX;
 
 /// The per-CPU scratch space of one sample's tail-call chain. Larger than the
 /// 512-byte BPF stack, so it lives in a one-entry per-CPU array.
@@ -134,11 +137,11 @@ pub struct UnwindScratch {
 
 const _: () = assert!(core::mem::size_of::<SampleHeader>() == 56);
 const _: () = assert!(core::mem::size_of::<SampleRecord>() == 56 + MAX_FRAMES * 8);
-const _: () = assert!(core::mem::size_of::<UnwindState>() == 48);
+const _: () = assert!(core::mem::size_of::<UnwindState>() == 56);
 const _: () = assert!(
     core::mem::size_of::<UnwindScratch>()
         == core::mem::size_of::<SampleRecord>()
-            + 48
+            + 56
             + core::mem::size_of::<StackWindow>()
             + core::mem::size_of::<RowCache>()
             + core::mem::size_of::<ProcessSlotCache>()

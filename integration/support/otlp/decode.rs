@@ -65,6 +65,7 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
             kind: None,
             address: 0,
             mapping: None,
+            filename: None,
         }];
     };
     let mapping = usize::try_from(loc.mapping_index)
@@ -80,17 +81,23 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
         .lines
         .iter()
         .map(|line| {
-            let name = usize::try_from(line.function_index)
+            let function = usize::try_from(line.function_index)
                 .ok()
-                .and_then(|i| dict.function_table.get(i))
+                .and_then(|i| dict.function_table.get(i));
+            let name = function
                 .and_then(|f| string_at(dict, f.name_strindex))
                 .unwrap_or_default()
                 .to_string();
+            let filename = function
+                .and_then(|f| string_at(dict, f.filename_strindex))
+                .filter(|f| !f.is_empty())
+                .map(str::to_string);
             Frame {
                 function: name,
                 kind: kind.clone(),
                 address: loc.address,
                 mapping: mapping.clone(),
+                filename,
             }
         })
         .collect();
@@ -100,6 +107,7 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
             kind,
             address: loc.address,
             mapping,
+            filename: None,
         });
     }
     frames

@@ -227,12 +227,8 @@ impl<'a> FrameCache<'a> {
                 && let Some(any_value::Value::StringValue(t)) =
                     attr.value.as_ref().and_then(|v| v.value.as_ref())
             {
-                kind = match t.as_str() {
-                    "kernel" => FrameKind::Kernel,
-                    "cpython" => FrameKind::CPython,
-                    // pprof has no frame types: any other kind reads as code.
-                    _ => FrameKind::Native,
-                };
+                // Kinds icecore does not produce read as native code.
+                kind = FrameKind::from_otel_str(t).unwrap_or(FrameKind::Native);
             }
         }
         let lines = location

@@ -34,6 +34,14 @@ pub struct MappingEntry {
     pub table_rows: u32,
     /// Index of the file's table in `UNWIND_TABLES`.
     pub table_slot: u32,
+    /// The `ProgramIndex` of the runtime unwinder for code in this range; 0
+    /// (the native unwinder's own slot) for native code.
+    pub program: u8,
+    /// How the native unwinder hands this range's frames to `program`
+    /// (a [`Dispatch`](crate::runtime::Dispatch) value).
+    pub dispatch: u8,
+    /// Zero.
+    pub reserved: [u8; 6],
 }
 
 /// The executable mappings of one process, sorted by `start`, non-overlapping.
@@ -47,16 +55,17 @@ pub struct ProcessMappingTable {
     /// The process the table describes: a cached slot is only used when its
     /// table still names the sampled pid.
     pub pid: u32,
-    /// The `ProgramIndex` of the process's interpreter unwinder, which runs
-    /// after the native walk; 0 (the native unwinder's own slot) for none.
-    pub interpreter: u32,
+    /// The `ProgramIndex` of the deferred runtime program that runs when the
+    /// native walk ends early, before reaching the runtime's frames (see
+    /// [`crate::runtime`]); 0 for none.
+    pub deferred_program: u32,
     /// The mappings; only the first `count` are meaningful.
     pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],
 }
 
-const _: () = assert!(core::mem::size_of::<MappingEntry>() == 40);
+const _: () = assert!(core::mem::size_of::<MappingEntry>() == 48);
 const _: () =
-    assert!(core::mem::size_of::<ProcessMappingTable>() == 16 + 40 * MAX_PROCESS_MAPPINGS);
+    assert!(core::mem::size_of::<ProcessMappingTable>() == 16 + 48 * MAX_PROCESS_MAPPINGS);
 
 impl Default for ProcessMappingTable {
     fn default() -> Self {
@@ -64,7 +73,7 @@ impl Default for ProcessMappingTable {
             count: 0,
             reserved: 0,
             pid: 0,
-            interpreter: 0,
+            deferred_program: 0,
             entries: [MappingEntry::default(); MAX_PROCESS_MAPPINGS],
         }
     }

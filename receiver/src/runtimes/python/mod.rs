@@ -19,16 +19,15 @@ mod walk_tests;
 use std::{
     collections::HashMap,
     num::NonZeroUsize,
-    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use icecore_otlp::model::{Frame, FrameKind, Line};
 use icecore_unwinders::{
-    ProgramIndex,
-    interpreter::{PAYLOAD_MASK, WordTag},
-    python::{NO_OFFSET, PythonProcess, entry_kind},
+    Dispatch,
+    python::{CPYTHON, NO_OFFSET, PythonProcess, entry_kind, word},
+    runtime::PAYLOAD_MASK,
 };
 use lru::LruCache;
 use tracing::{debug, info};
@@ -38,8 +37,13 @@ use self::{
     detect::{PythonBinary, inspect, version_from_name},
     layouts::{EntryMarker, InstrEncoding, PythonLayout},
 };
-use super::{InterpreterPlugin, InterpreterStats, memory::ProcessMemory};
-use crate::{native_unwind::FileKey, process_maps::ProcessMappings};
+use super::{
+    Attachment, RuntimeCode, RuntimeDescriptor, RuntimePlugin, RuntimeStats,
+    memory::ProcessMemory,
+    registry::CPYTHON_RUNTIME,
+    services::{FileProbes, ProcessMap},
+};
+use crate::process_maps::ProcessMappings;
 
 /// CPython files inspected and remembered (per device and inode).
 const BINARY_CACHE: usize = 256;
@@ -60,25 +64,6 @@ struct CodeEntry {
     info: Option<Arc<CodeInfo>>,
 }
 
-/// Where the CPython unwinder's per-process data goes: the BPF map
-/// `PYTHON_PROCESSES`, or a stand-in in tests.
-pub trait PythonProcessMap: Send {
-    /// Writes the entry of `pid`.
-    fn insert(&mut self, pid: u32, process: &PythonProcess) -> Result<(), String>;
-    /// Deletes the entry of `pid`, if any.
-    fn remove(&mut self, pid: u32);
-}
-
-impl PythonProcessMap for aya::maps::HashMap<aya::maps::MapData, u32, PythonProcess> {
-    fn insert(&mut self, pid: u32, process: &PythonProcess) -> Result<(), String> {
-        aya::maps::HashMap::insert(self, pid, process, 0).map_err(|e| e.to_string())
-    }
-
-    fn remove(&mut self, pid: u32) {
-        let _ = aya::maps::HashMap::remove(self, &pid);
-    }
-}
-
 /// One CPython process.
 struct PythonInstance {
     binary: Arc<PythonBinary>,
@@ -88,25 +73,25 @@ struct PythonInstance {
 
 /// The CPython plugin.
 pub struct PythonPlugin {
-    map: Box<dyn PythonProcessMap>,
-    binaries: LruCache<FileKey, Option<Arc<PythonBinary>>>,
+    map: Box<dyn ProcessMap<PythonProcess>>,
+    binaries: FileProbes<PythonBinary>,
     processes: HashMap<u32, PythonInstance>,
     codes: LruCache<(u32, u64), CodeEntry>,
     frames: LruCache<(u32, u64, u32), Arc<Frame>>,
-    stats: InterpreterStats,
+    stats: RuntimeStats,
 }
 
 impl PythonPlugin {
     /// A plugin writing its per-process data to `map`.
-    pub fn new(map: Box<dyn PythonProcessMap>) -> Self {
+    pub fn new(map: Box<dyn ProcessMap<PythonProcess>>) -> Self {
         let size = |n: usize| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
         PythonPlugin {
             map,
-            binaries: LruCache::new(size(BINARY_CACHE)),
+            binaries: FileProbes::new(BINARY_CACHE),
             processes: HashMap::new(),
             codes: LruCache::new(size(CODE_CACHE)),
             frames: LruCache::new(size(FRAME_CACHE)),
-            stats: InterpreterStats::default(),
+            stats: RuntimeStats::default(),
         }
     }
 
@@ -120,23 +105,9 @@ impl PythonPlugin {
             let Some(name_version) = version_from_name(&mapping.path) else {
                 continue;
             };
-            let key = FileKey {
-                dev: mapping.dev,
-                inode: mapping.inode,
-            };
-            let binary = match self.binaries.get(&key) {
-                Some(known) => known.clone(),
-                None => {
-                    let inspected = candidate_paths(pid, mapping).iter().find_map(|path| {
-                        inspect(path, name_version)
-                            .map_err(|e| debug!(pid, "not a usable CPython: {e}"))
-                            .ok()
-                    });
-                    let inspected = inspected.map(Arc::new);
-                    self.binaries.put(key, inspected.clone());
-                    inspected
-                }
-            };
+            let binary = self
+                .binaries
+                .get_or_probe(pid, mapping, |path| inspect(path, name_version));
             if let Some(binary) = binary
                 && let Some(bias) = binary.load_bias(mapping.start, mapping.file_offset)
             {
@@ -237,18 +208,6 @@ fn unknown(code: u64) -> Arc<Frame> {
     })
 }
 
-/// Where the mapped file can be opened: the exact file mapped first.
-fn candidate_paths(pid: u32, mapping: &crate::process_maps::MappedFile) -> [PathBuf; 3] {
-    [
-        PathBuf::from(format!(
-            "/proc/{pid}/map_files/{:x}-{:x}",
-            mapping.start, mapping.end
-        )),
-        PathBuf::from(format!("/proc/{pid}/root{}", mapping.path)),
-        PathBuf::from(&*mapping.path),
-    ]
-}
-
 /// What BPF needs of a process running `layout`, with `_PyRuntime` at `runtime`.
 pub fn bpf_process(layout: &PythonLayout, runtime: u64) -> PythonProcess {
     let (entry_kind, entry_offset, cstack_owner) = match layout.entry {
@@ -304,23 +263,26 @@ pub fn invocations(words: &[u64]) -> Vec<Vec<(u64, u64)>> {
     let mut current = Vec::new();
     let mut i = 0;
     while let Some(&word) = words.get(i) {
-        match WordTag::of(word) {
-            Some(tag @ (WordTag::PythonFrame | WordTag::PythonEntryFrame)) => {
-                let instr = words.get(i + 1).copied().unwrap_or(0);
+        match CPYTHON.tags.local_tag(word) {
+            Some(tag @ (word::FRAME | word::ENTRY_FRAME)) => {
+                let instr = words
+                    .get(i + 1)
+                    .filter(|&&w| CPYTHON.tags.local_tag(w) == Some(word::INSTR))
+                    .map_or(0, |w| w & PAYLOAD_MASK);
                 current.push((word & PAYLOAD_MASK, instr));
                 i += 2;
-                if tag == WordTag::PythonEntryFrame {
+                if tag == word::ENTRY_FRAME {
                     groups.push(std::mem::take(&mut current));
                 }
             }
-            Some(WordTag::PythonCallBoundary) => {
+            Some(word::CALL_BOUNDARY) => {
                 if !current.is_empty() {
                     groups.push(std::mem::take(&mut current));
                 }
                 i += 1;
             }
             // Not a word this plugin writes: the rest cannot be trusted.
-            None => break,
+            _ => break,
         }
     }
     if !current.is_empty() {
@@ -329,14 +291,33 @@ pub fn invocations(words: &[u64]) -> Vec<Vec<(u64, u64)>> {
     groups
 }
 
-impl InterpreterPlugin for PythonPlugin {
-    fn name(&self) -> &'static str {
-        "cpython"
+/// The eval loop's code in the process, handed to the CPython program once
+/// the native walk ends (see `icecore_unwinders::runtime`).
+fn attachment(instance: &PythonInstance) -> Attachment {
+    Attachment {
+        code: instance
+            .binary
+            .eval_loop
+            .iter()
+            .map(|range| RuntimeCode {
+                start: range.start.wrapping_add(instance.bias),
+                end: range.end.wrapping_add(instance.bias),
+                dispatch: Dispatch::Deferred,
+            })
+            .collect(),
+        walk_after_early_end: true,
+        names_anonymous_code: false,
+    }
+}
+
+impl RuntimePlugin for PythonPlugin {
+    fn descriptor(&self) -> &'static RuntimeDescriptor {
+        &CPYTHON_RUNTIME
     }
 
-    fn attach(&mut self, pid: u32, mappings: &ProcessMappings) -> Option<ProgramIndex> {
-        if self.processes.contains_key(&pid) {
-            return Some(ProgramIndex::Python);
+    fn attach(&mut self, pid: u32, mappings: &ProcessMappings) -> Option<Attachment> {
+        if let Some(instance) = self.processes.get(&pid) {
+            return Some(attachment(instance));
         }
         let (binary, bias) = self.find_binary(pid, mappings)?;
         let process = bpf_process(binary.layout, binary.runtime.wrapping_add(bias));
@@ -350,15 +331,14 @@ impl InterpreterPlugin for PythonPlugin {
             version = format!("{}.{}", binary.layout.major, binary.layout.minor),
             "CPython process"
         );
-        self.processes.insert(
-            pid,
-            PythonInstance {
-                binary,
-                bias,
-                memory: None,
-            },
-        );
-        Some(ProgramIndex::Python)
+        let instance = PythonInstance {
+            binary,
+            bias,
+            memory: None,
+        };
+        let claimed = attachment(&instance);
+        self.processes.insert(pid, instance);
+        Some(claimed)
     }
 
     fn detach(&mut self, pid: u32) {
@@ -394,13 +374,6 @@ impl InterpreterPlugin for PythonPlugin {
         }
     }
 
-    fn is_interpreter_loop(&self, pid: u32, address: u64) -> bool {
-        self.processes.get(&pid).is_some_and(|p| {
-            let vaddr = address.wrapping_sub(p.bias);
-            p.binary.eval_loop.iter().any(|r| r.contains(&vaddr))
-        })
-    }
-
     fn frames(&mut self, pid: u32, words: &[u64]) -> Vec<Vec<Arc<Frame>>> {
         invocations(words)
             .into_iter()
@@ -413,8 +386,8 @@ impl InterpreterPlugin for PythonPlugin {
             .collect()
     }
 
-    fn stats(&self) -> InterpreterStats {
-        InterpreterStats {
+    fn stats(&self) -> RuntimeStats {
+        RuntimeStats {
             processes: self.processes.len(),
             ..self.stats
         }
@@ -427,23 +400,27 @@ mod tests {
 
     #[test]
     fn invocations_follow_entry_marks_and_boundaries() {
-        let f = |c| WordTag::PythonFrame.tag(c);
-        let e = |c| WordTag::PythonEntryFrame.tag(c);
-        let b = WordTag::PythonCallBoundary.tag(0);
+        let f = |c| CPYTHON.tags.word(word::FRAME, c);
+        let e = |c| CPYTHON.tags.word(word::ENTRY_FRAME, c);
+        let b = CPYTHON.tags.word(word::CALL_BOUNDARY, 0);
+        let i = |n| CPYTHON.tags.word(word::INSTR, n);
         // 3.12+: shims separate calls.
         assert_eq!(
-            invocations(&[f(1), 10, f(2), 20, b, f(3), 30, b]),
+            invocations(&[f(1), i(10), f(2), i(20), b, f(3), i(30), b]),
             vec![vec![(1, 10), (2, 20)], vec![(3, 30)]]
         );
         // 3.11 and ≤ 3.10: the outermost frame of a call is marked.
         assert_eq!(
-            invocations(&[f(1), 10, e(2), 20, e(3), 30]),
+            invocations(&[f(1), i(10), e(2), i(20), e(3), i(30)]),
             vec![vec![(1, 10), (2, 20)], vec![(3, 30)]]
         );
         // A cut-off walk keeps what it has; junk ends the parse.
-        assert_eq!(invocations(&[f(1), 10, f(2)]), vec![vec![(1, 10), (2, 0)]]);
         assert_eq!(
-            invocations(&[e(1), 10, 0x7fff_0000, e(2), 1]),
+            invocations(&[f(1), i(10), f(2)]),
+            vec![vec![(1, 10), (2, 0)]]
+        );
+        assert_eq!(
+            invocations(&[e(1), i(10), 0x7fff_0000, e(2), i(1)]),
             vec![vec![(1, 10)]]
         );
         assert!(invocations(&[]).is_empty());

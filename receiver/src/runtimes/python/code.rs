@@ -7,7 +7,7 @@ use super::{
     layouts::{InstrEncoding, PythonLayout},
     line_table::line_for_offset,
 };
-use crate::interpreters::memory::{MemoryError, ProcessMemory};
+use crate::runtimes::memory::{MemoryError, ProcessMemory};
 
 /// Characters of a name or file name read at most.
 const MAX_STRING_CHARS: u64 = 4096;

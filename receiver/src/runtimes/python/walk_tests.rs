@@ -10,8 +10,8 @@ use std::{
 
 use icecore_unwinders::{
     MemoryReader,
-    interpreter::WordTag,
-    python::{PythonProcess, PythonStep},
+    python::{CPYTHON, PythonStep},
+    runtime::PAYLOAD_MASK,
 };
 
 use super::{
@@ -20,7 +20,10 @@ use super::{
     detect::{inspect, version_from_name},
     invocations,
 };
-use crate::{interpreters::memory::ProcessMemory, process_maps::ProcessMappings};
+use crate::{
+    process_maps::ProcessMappings,
+    runtimes::{memory::ProcessMemory, services::MemoryProcessMap},
+};
 
 /// Blocks in `leaf`, three Python calls below the module, after printing
 /// its `pthread_self()`.
@@ -106,7 +109,7 @@ fn walk(python: &Path) -> Walked {
         })
         .unwrap_or_else(|| panic!("{}: no CPython mapping", python.display()));
     let layout = binary.layout;
-    let process: PythonProcess = bpf_process(layout, binary.runtime + bias);
+    let process = bpf_process(layout, binary.runtime + bias);
     let mut memory = Host(ProcessMemory::open(pid).unwrap());
     let tstate = process.thread_state(thread, &mut memory).unwrap();
     let mut frame = process.current_frame(tstate, &mut memory).unwrap();
@@ -135,7 +138,9 @@ fn walk(python: &Path) -> Walked {
         })
         .collect();
     assert!(
-        words.first().is_some_and(|&w| WordTag::of(w).is_some()),
+        words
+            .first()
+            .is_some_and(|&w| CPYTHON.tags.local_tag(w).is_some()),
         "{}: the walk's first word is not a tagged frame",
         python.display()
     );
@@ -148,30 +153,20 @@ fn walk(python: &Path) -> Walked {
     }
 }
 
-/// Where code objects go in these tests: nowhere (no BPF here).
-struct NoMap;
-
-impl super::PythonProcessMap for NoMap {
-    fn insert(&mut self, _: u32, _: &PythonProcess) -> Result<(), String> {
-        Ok(())
-    }
-    fn remove(&mut self, _: u32) {}
-}
-
 #[test]
 fn an_old_code_entry_is_read_again_when_sampled_and_its_frames_renamed() {
     use std::time::{Duration, Instant};
 
     use super::{CodeEntry, PythonPlugin};
-    use crate::interpreters::InterpreterPlugin;
+    use crate::runtimes::RuntimePlugin;
 
     let python = interpreters().pop().expect("a CPython on this machine");
     let walked = walk(&python);
     let pid = walked.child.0.id();
-    let mut plugin = PythonPlugin::new(Box::new(NoMap));
+    let mut plugin = PythonPlugin::new(Box::new(MemoryProcessMap::default()));
     let mappings = ProcessMappings::read(pid).unwrap();
     assert!(plugin.attach(pid, &mappings).is_some());
-    let leaf = walked.words[0] & icecore_unwinders::interpreter::PAYLOAD_MASK;
+    let leaf = walked.words[0] & PAYLOAD_MASK;
     // As if `leaf`'s address had held another code object a minute ago.
     let mut stale = (*plugin.code_info(pid, leaf, false).unwrap()).clone();
     stale.name = "replaced".into();

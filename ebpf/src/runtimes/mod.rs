@@ -1,0 +1,95 @@
+//! What every runtime program shares: its prologue, appending tagged words,
+//! and how it ends (see `icecore_unwinders::runtime` for the convention).
+//! A runtime's program lives in its own file here and is registered in
+//! `main.rs` with one `#[perf_event]` function.
+
+pub mod python;
+
+use aya_ebpf::programs::PerfEventContext;
+use icecore_unwinders::{
+    Counter, ProgramIndex, SampleRecord, UnwindScratch,
+    runtime::resume,
+    sample::{MAX_FRAMES, flags},
+};
+
+use crate::maps::{SCRATCH, continue_in, count};
+
+/// The program slot whose program must fail verification, for tests of a
+/// runtime the kernel rejects; `u32::MAX` for none. Set at load time.
+#[unsafe(no_mangle)]
+static REJECTED_PROGRAM: u32 = u32::MAX;
+
+/// The scratch space of the sample being built: a runtime program's prologue.
+#[inline(always)]
+pub fn scratch(program: ProgramIndex) -> Option<&'static mut UnwindScratch> {
+    // SAFETY: a plain load of a load-time constant.
+    let rejected = unsafe { core::ptr::read_volatile(&REJECTED_PROGRAM) };
+    if rejected == program as u32 {
+        // The constant is known to the verifier: for every other program it
+        // prunes this branch, for the rejected one it refuses the read of a
+        // scalar as a pointer, and the program does not load.
+        // SAFETY: never runs; the verifier rejects the program first.
+        let _ = unsafe { core::ptr::read_volatile(u64::from(rejected) as *const u64) };
+    }
+    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+        count(Counter::ScratchUnavailable);
+        return None;
+    };
+    // SAFETY: per-CPU value owned by this CPU's tail-call chain.
+    Some(unsafe { &mut *scratch })
+}
+
+/// Room for `n` more words in the record.
+#[inline(always)]
+pub fn has_room(record: &SampleRecord, n: usize) -> bool {
+    let header = &record.header;
+    (header.kernel_frames + header.user_words) as usize + n <= MAX_FRAMES
+}
+
+/// Appends a tagged word to the user words; false when the record is full.
+#[inline(always)]
+pub fn append_word(record: &mut SampleRecord, word: u64) -> bool {
+    let header = &record.header;
+    let index = (header.kernel_frames + header.user_words) as usize;
+    let Some(slot) = record.frames.get_mut(index) else {
+        return false;
+    };
+    *slot = word;
+    record.header.user_words += 1;
+    true
+}
+
+/// Ends a runtime program's part of the sample: after the native walk the
+/// sample is emitted; during it the native unwinder resumes, stepping the
+/// frame the runtime's words stand for (`resume::STEP_ONLY`).
+#[inline(always)]
+pub fn finish(ctx: &PerfEventContext, scratch: &mut UnwindScratch) {
+    if scratch.state.native_done == 0 {
+        scratch.state.resume = resume::STEP_ONLY;
+        if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeUnwinder) {
+            return;
+        }
+        count(Counter::UserStackTruncated);
+        scratch.record.header.flags |= flags::USER_TRUNCATED;
+    }
+    crate::emit::emit(scratch);
+}
+
+/// Hands the sample to the runtime program in `program` (a slot a mapping
+/// named). Returns only when the program did not run: out of tail calls
+/// (false), or its slot is empty (true, counted), in which case the caller
+/// carries on without it.
+#[inline(always)]
+pub fn hand_to(ctx: &PerfEventContext, scratch: &mut UnwindScratch, program: u32) -> bool {
+    let state = &mut scratch.state;
+    if u32::from(state.tail_calls) >= icecore_unwinders::MAX_TAIL_CALLS {
+        return false;
+    }
+    state.tail_calls += 1;
+    // SAFETY: every filled slot holds a perf-event program.
+    unsafe { crate::maps::PROGRAMS.tail_call(ctx, program) };
+    // The slot is empty: the runtime's program did not load.
+    state.tail_calls -= 1;
+    count(Counter::RuntimeProgramMissing);
+    true
+}

@@ -1,0 +1,86 @@
+//! The runtime registry: one descriptor per runtime, the single source of
+//! truth for its name (log lines, metrics, the `--runtimes` switch), the
+//! OTel frame type of its frames, its BPF half and how its plugin is built.
+
+use icecore_otlp::model::FrameKind;
+use icecore_unwinders::{BpfRuntime, python::CPYTHON};
+
+use super::{RuntimePlugin, perf_map::PerfMapPlugin, python::PythonPlugin};
+use crate::sampler::{CpuSampler, SamplerError};
+
+/// One runtime icecore can unwind or symbolize.
+pub struct RuntimeDescriptor {
+    /// Stable name: the `--runtimes` value, the `runtime` metric label.
+    pub name: &'static str,
+    /// What it covers, for `--help` and logs.
+    pub summary: &'static str,
+    /// The `profile.frame.type` of its frames (a plugin naming code of
+    /// several runtimes, such as perf maps, sets each frame's own).
+    pub frame_kind: FrameKind,
+    /// Its BPF program, slot, tags and counters; `None` when it needs none.
+    pub bpf: Option<&'static BpfRuntime>,
+    /// Builds its plugin, taking what it needs from the loaded BPF object.
+    pub build: fn(&mut CpuSampler) -> Result<Box<dyn RuntimePlugin>, SamplerError>,
+}
+
+impl std::fmt::Debug for RuntimeDescriptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeDescriptor")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// CPython 3.8–3.13.
+pub static CPYTHON_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
+    name: CPYTHON.name,
+    summary: "CPython 3.8-3.13: Python functions, files and lines",
+    frame_kind: FrameKind::CPython,
+    bpf: Some(&CPYTHON),
+    build: |sampler| {
+        let map = sampler.runtime_process_map(&CPYTHON, "PYTHON_PROCESSES")?;
+        Ok(Box::new(PythonPlugin::new(Box::new(map))))
+    },
+};
+
+/// JIT code named from `/tmp/perf-PID.map` and `jit-PID.dump`.
+pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
+    name: "perf-map",
+    summary: "JIT code walked with frame pointers and named from perf maps \
+              (Node.js --perf-basic-prof, .NET DOTNET_PerfMapEnabled=1, Erlang, Julia, ...)",
+    frame_kind: FrameKind::Native,
+    bpf: None,
+    build: |_| Ok(Box::new(PerfMapPlugin::new())),
+};
+
+/// Every runtime, in the order plugins are offered a process.
+pub static RUNTIMES: [&RuntimeDescriptor; 2] = [&CPYTHON_RUNTIME, &PERF_MAP_RUNTIME];
+
+/// The descriptor named `name`.
+pub fn by_name(name: &str) -> Option<&'static RuntimeDescriptor> {
+    RUNTIMES.iter().copied().find(|r| r.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bpf_runtime_is_registered_once_and_names_are_the_configs() {
+        for bpf in icecore_unwinders::BPF_RUNTIMES {
+            let registered = RUNTIMES
+                .iter()
+                .filter(|r| r.bpf.is_some_and(|b| b.name == bpf.name))
+                .count();
+            assert_eq!(registered, 1, "{}", bpf.name);
+        }
+        let names: Vec<&str> = RUNTIMES.iter().map(|r| r.name).collect();
+        assert_eq!(names, icecore_config::RUNTIME_NAMES);
+        for r in RUNTIMES {
+            assert!(by_name(r.name).is_some());
+            if let Some(bpf) = r.bpf {
+                assert_eq!(bpf.name, r.name);
+            }
+        }
+    }
+}

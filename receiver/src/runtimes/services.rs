@@ -1,0 +1,156 @@
+//! What the framework gives every runtime plugin, so that none copies it:
+//! opening a process's mapped file, a per-file probe cache (parse a file
+//! once, then describe each process that maps it), and a handle on the
+//! runtime's per-process BPF map.
+
+use std::{num::NonZeroUsize, path::PathBuf, sync::Arc};
+
+use lru::LruCache;
+use tracing::debug;
+
+use crate::{native_unwind::FileKey, process_maps::MappedFile};
+
+/// Where a process's mapped file can be opened, best first: the exact file
+/// mapped (`map_files`, which works for deleted and replaced files), the
+/// path in the process's mount namespace (`/proc/PID/root`, for
+/// containers), and the path as the process sees it.
+pub fn mapped_file_paths(pid: u32, mapping: &MappedFile) -> [PathBuf; 3] {
+    [
+        PathBuf::from(format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            mapping.start, mapping.end
+        )),
+        PathBuf::from(format!("/proc/{pid}/root{}", mapping.path)),
+        PathBuf::from(&*mapping.path),
+    ]
+}
+
+/// `path` as the process `pid` sees it, from icecore's mount namespace.
+pub fn path_in_process(pid: u32, path: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root{path}"))
+}
+
+/// A runtime's probe of each mapped file, cached per file (device and
+/// inode): processes of one interpreter binary come and go, the file's
+/// symbols and version stay. A file found not to be the runtime's is
+/// remembered too, so it is not parsed again.
+pub struct FileProbes<T> {
+    probes: LruCache<FileKey, Option<Arc<T>>>,
+}
+
+impl<T> FileProbes<T> {
+    /// A cache of at most `capacity` files.
+    pub fn new(capacity: usize) -> Self {
+        FileProbes {
+            probes: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
+        }
+    }
+
+    /// The probe of `mapping`'s file, running `probe` on the first of its
+    /// paths that works when the file was not probed before. `probe`'s
+    /// errors are logged at debug level: most files are not the runtime's.
+    pub fn get_or_probe<E: std::fmt::Display>(
+        &mut self,
+        pid: u32,
+        mapping: &MappedFile,
+        mut probe: impl FnMut(&std::path::Path) -> Result<T, E>,
+    ) -> Option<Arc<T>> {
+        let key = FileKey::of(mapping);
+        if let Some(known) = self.probes.get(&key) {
+            return known.clone();
+        }
+        let probed = mapped_file_paths(pid, mapping).iter().find_map(|path| {
+            probe(path)
+                .map_err(|e| debug!(pid, path = %mapping.path, "probe: {e}"))
+                .ok()
+        });
+        let probed = probed.map(Arc::new);
+        self.probes.put(key, probed.clone());
+        probed
+    }
+
+    /// Files remembered.
+    pub fn len(&self) -> usize {
+        self.probes.len()
+    }
+
+    /// Whether no file is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.probes.is_empty()
+    }
+}
+
+/// A runtime's pid-keyed BPF map (or a stand-in in tests): the one way a
+/// plugin describes its processes to its BPF program.
+pub trait ProcessMap<V>: Send {
+    /// Writes the entry of `pid`.
+    fn insert(&mut self, pid: u32, value: &V) -> Result<(), String>;
+    /// Deletes the entry of `pid`, if any.
+    fn remove(&mut self, pid: u32);
+}
+
+impl<V: aya::Pod + Send> ProcessMap<V> for aya::maps::HashMap<aya::maps::MapData, u32, V> {
+    fn insert(&mut self, pid: u32, value: &V) -> Result<(), String> {
+        aya::maps::HashMap::insert(self, pid, value, 0).map_err(|e| e.to_string())
+    }
+
+    fn remove(&mut self, pid: u32) {
+        let _ = aya::maps::HashMap::remove(self, &pid);
+    }
+}
+
+/// A [`ProcessMap`] that keeps entries in memory: for tests and host walks.
+#[derive(Debug)]
+pub struct MemoryProcessMap<V> {
+    /// The entries written.
+    pub entries: std::collections::HashMap<u32, V>,
+}
+
+impl<V> Default for MemoryProcessMap<V> {
+    fn default() -> Self {
+        MemoryProcessMap {
+            entries: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl<V: Clone + Send> ProcessMap<V> for MemoryProcessMap<V> {
+    fn insert(&mut self, pid: u32, value: &V) -> Result<(), String> {
+        self.entries.insert(pid, value.clone());
+        Ok(())
+    }
+
+    fn remove(&mut self, pid: u32) {
+        self.entries.remove(&pid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_probed_once_whatever_the_answer() {
+        let maps = crate::process_maps::ProcessMappings::read(std::process::id()).unwrap();
+        let exe = maps.executable().next().unwrap().clone();
+        let mut probes = FileProbes::<u64>::new(4);
+        let mut runs = 0;
+        for _ in 0..3 {
+            let got = probes.get_or_probe(std::process::id(), &exe, |path| {
+                runs += 1;
+                std::fs::metadata(path).map(|m| m.len())
+            });
+            assert!(got.is_some_and(|len| *len > 0));
+        }
+        assert_eq!(runs, 1);
+        let mut refused = FileProbes::<u64>::new(4);
+        for _ in 0..2 {
+            let got = refused.get_or_probe(std::process::id(), &exe, |_| {
+                runs += 1;
+                Err::<u64, _>("not this runtime")
+            });
+            assert!(got.is_none());
+        }
+        assert_eq!(runs, 4, "three paths tried once, then remembered");
+    }
+}
