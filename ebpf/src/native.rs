@@ -152,13 +152,15 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     let mut complete = false;
     // A runtime program that takes over at the current frame.
     let mut handover = 0u32;
-    // Only the first frame of a run can be one a runtime handed back; kept
-    // in registers rather than reloaded from the scratch space per frame.
-    let mut resume = core::mem::replace(&mut scratch.state.resume, resume::FRESH);
-    // After the first step the registers are a caller's: its ip is a
-    // return address, which points after the call that covers it.
-    let mut is_caller = scratch.state.dwarf_frames != 0 || scratch.state.frame_pointer_frames != 0;
     for _ in 0..FRAMES_PER_PROGRAM {
+        // Only the first frame of a run can be one a runtime handed back.
+        let resume = scratch.state.resume;
+        if resume != resume::FRESH {
+            scratch.state.resume = resume::FRESH;
+        }
+        // After the first frame the registers are a caller's: its ip is a
+        // return address, which points after the call that covers it.
+        let is_caller = scratch.record.header.user_words != 0;
         let ip = scratch.state.registers.ip;
         let pc = if is_caller { ip.wrapping_sub(1) } else { ip };
         let entry = mappings.and_then(|m| m.find_from(pc, zero(m)));
@@ -211,8 +213,6 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         } else {
             scratch.state.frame_pointer_frames += 1;
         }
-        resume = resume::FRESH;
-        is_caller = true;
         match outcome {
             StepOutcome::Caller => {}
             StepOutcome::EndOfStack => {

@@ -80,6 +80,23 @@ impl<T> FileProbes<T> {
     }
 }
 
+/// Drops the entries of `cache` whose key `doomed` picks (a process's, when
+/// it exits): an LRU cache is keyed by (pid, …) and has no index by pid.
+pub fn remove_where<K: std::hash::Hash + Eq + Clone, V>(
+    cache: &mut LruCache<K, V>,
+    mut doomed: impl FnMut(&K) -> bool,
+) {
+    let keys: Vec<K> = cache
+        .iter()
+        .map(|(k, _)| k)
+        .filter(|k| doomed(k))
+        .cloned()
+        .collect();
+    for key in keys {
+        cache.pop(&key);
+    }
+}
+
 /// A runtime's pid-keyed BPF map (or a stand-in in tests): the one way a
 /// plugin describes its processes to its BPF program.
 pub trait ProcessMap<V>: Send {

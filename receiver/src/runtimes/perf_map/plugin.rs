@@ -28,8 +28,9 @@ use super::{
 use crate::{
     process_maps::ProcessMappings,
     runtimes::{
-        Attachment, RuntimeDescriptor, RuntimePlugin, RuntimeStats, registry::PERF_MAP_RUNTIME,
-        services::path_in_process,
+        Attachment, RuntimeDescriptor, RuntimePlugin, RuntimeStats,
+        registry::PERF_MAP_RUNTIME,
+        services::{path_in_process, remove_where},
     },
 };
 
@@ -191,15 +192,7 @@ impl RuntimePlugin for PerfMapPlugin {
         if self.processes.remove(&pid).is_none() {
             return;
         }
-        let stale: Vec<(u32, u64, usize)> = self
-            .frames
-            .iter()
-            .map(|(k, _)| *k)
-            .filter(|k| k.0 == pid)
-            .collect();
-        for key in stale {
-            self.frames.pop(&key);
-        }
+        remove_where(&mut self.frames, |k| k.0 == pid);
     }
 
     fn jit_frame(&mut self, pid: u32, address: u64) -> Option<Arc<Frame>> {

@@ -41,7 +41,7 @@ use super::{
     Attachment, RuntimeCode, RuntimeDescriptor, RuntimePlugin, RuntimeStats,
     memory::ProcessMemory,
     registry::CPYTHON_RUNTIME,
-    services::{FileProbes, ProcessMap},
+    services::{FileProbes, ProcessMap, remove_where},
 };
 use crate::process_maps::ProcessMappings;
 
@@ -131,15 +131,7 @@ impl PythonPlugin {
         if let Some(entry) = cached
             && entry.info != info
         {
-            let stale: Vec<(u32, u64, u32)> = self
-                .frames
-                .iter()
-                .map(|(k, _)| *k)
-                .filter(|k| k.0 == pid && k.1 == code)
-                .collect();
-            for key in stale {
-                self.frames.pop(&key);
-            }
+            remove_where(&mut self.frames, |k| k.0 == pid && k.1 == code);
         }
         self.codes.put(
             (pid, code),
@@ -346,24 +338,8 @@ impl RuntimePlugin for PythonPlugin {
             return;
         }
         self.map.remove(pid);
-        let stale: Vec<(u32, u64)> = self
-            .codes
-            .iter()
-            .map(|(k, _)| *k)
-            .filter(|k| k.0 == pid)
-            .collect();
-        for key in stale {
-            self.codes.pop(&key);
-        }
-        let stale: Vec<(u32, u64, u32)> = self
-            .frames
-            .iter()
-            .map(|(k, _)| *k)
-            .filter(|k| k.0 == pid)
-            .collect();
-        for key in stale {
-            self.frames.pop(&key);
-        }
+        remove_where(&mut self.codes, |k| k.0 == pid);
+        remove_where(&mut self.frames, |k| k.0 == pid);
     }
 
     fn observe(&mut self, pid: u32, words: &[u64]) {
