@@ -242,4 +242,19 @@ fn dotnet_perf_map_names_methods_with_their_split() {
         alpha.iter().all(|f| f.kind.as_deref() == Some("dotnet")),
         "{TEST}: P::Alpha frames not typed dotnet"
     );
+    // The JIT code's frame pointers chain: Leaf, then its caller, then Main.
+    let in_alpha = inclusive(&samples, &method("alpha"));
+    let under_main = count_where(&samples, |s| {
+        let alpha = s.stack.iter().position(|f| f.function == method("alpha"));
+        let main = s
+            .stack
+            .iter()
+            .position(|f| f.function == "P::Main(string[])");
+        matches!((alpha, main), (Some(a), Some(m)) if a < m)
+    });
+    println!("{TEST}: {under_main} of {in_alpha} P::Alpha samples under P::Main");
+    assert!(
+        pct(under_main, in_alpha) >= 90.0,
+        "{TEST}: P::Alpha under P::Main in {under_main} of {in_alpha} samples"
+    );
 }

@@ -45,8 +45,9 @@ pub fn node() -> Option<PathBuf> {
 pub fn node_command(node: &Path, mode: &str, seconds: u32) -> Command {
     let mut command = Command::new(node);
     command
-        // V8 writes an isolate log in its working directory under these flags.
-        .current_dir(std::env::temp_dir())
+        // V8 writes an isolate log in its working directory under these
+        // flags: keep them under target/.
+        .current_dir(fixture_dir())
         .args(NODE_FLAGS)
         .arg(package_dir().join("integration/fixtures/jit_split.js"))
         .args([mode, &seconds.to_string()])
@@ -141,6 +142,13 @@ pub fn cpuprofile_shares(text: &str, functions: &[&str]) -> Result<BTreeMap<Stri
         .collect())
 }
 
+/// Where built fixtures and the Node workloads' V8 logs go (under target/).
+fn fixture_dir() -> PathBuf {
+    let dir = package_dir().join("target/jit-fixtures");
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
 /// .NET Core 3.1 with the C# workload built.
 #[derive(Debug, Clone)]
 pub struct DotNet {
@@ -163,6 +171,10 @@ impl DotNet {
             .env("COMPlus_PerfMapEnabled", "1")
             // 3.1 predates the ICU of this Debian and would abort.
             .env("DOTNET_SYSTEM_GLOBALIZATION_INVARIANT", "1")
+            // Each method compiled once: tier-1 recompilations of Alpha,
+            // Beta and Gamma omit the frame pointer, which hides their
+            // caller (Main) from a frame-pointer walk.
+            .env("COMPlus_TC_CallCounting", "0")
             .stdout(Stdio::null());
         command
     }
@@ -191,6 +203,11 @@ pub fn dotnet() -> Result<DotNet, String> {
         // Into a sibling first: an interrupted install leaves no half cache.
         let staging = cache.with_extension("partial");
         let _ = std::fs::remove_dir_all(&staging);
+        // A cache without its binary is a broken one.
+        let _ = std::fs::remove_dir_all(cache);
+        if let Some(parent) = cache.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
         run(
             Command::new("python3")
                 .args(["-m", "pip", "install", "--quiet", "--target"])
@@ -201,15 +218,24 @@ pub fn dotnet() -> Result<DotNet, String> {
         std::fs::rename(&staging, cache).map_err(|e| format!("{}: {e}", cache.display()))?;
     }
     if Command::new("mcs").arg("--version").output().is_err() {
-        run(
-            Command::new("apt-get")
-                .args(["install", "-y", "-qq", "mono-mcs"])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            "apt-get install mono-mcs",
-        )?;
+        let install = || {
+            run(
+                Command::new("apt-get")
+                    .args(["install", "-y", "-qq", "mono-mcs"])
+                    .env("DEBIAN_FRONTEND", "noninteractive"),
+                "apt-get install mono-mcs",
+            )
+        };
+        // A fresh image may have no package lists yet.
+        if install().is_err() {
+            run(
+                Command::new("apt-get").args(["update", "-qq"]),
+                "apt-get update",
+            )?;
+            install()?;
+        }
     }
-    let out = package_dir().join("target/jit-fixtures");
-    std::fs::create_dir_all(&out).map_err(|e| e.to_string())?;
+    let out = fixture_dir();
     let exe = out.join("jit_split.exe");
     run(
         Command::new("mcs")
