@@ -13,6 +13,8 @@
 //! Per-version struct layouts are data (see `python/layouts.rs`), and every
 //! failure is counted in [`RuntimeStats`] rather than logged per sample.
 
+#[cfg(test)]
+pub(crate) mod host_walk;
 pub mod memory;
 pub mod perf_map;
 pub mod python;

@@ -3,13 +3,11 @@
 //! runs, reading the process's memory through `/proc/PID/mem`.
 
 use std::{
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
 };
 
 use icecore_unwinders::{
-    MemoryReader,
     python::{CPYTHON, PythonStep},
     runtime::PAYLOAD_MASK,
 };
@@ -22,7 +20,11 @@ use super::{
 };
 use crate::{
     process_maps::ProcessMappings,
-    runtimes::{memory::ProcessMemory, services::MemoryProcessMap},
+    runtimes::{
+        host_walk::{HostMemory, LiveProcess, spawn_and_read_line},
+        memory::ProcessMemory,
+        services::MemoryProcessMap,
+    },
 };
 
 /// Blocks in `leaf`, three Python calls below the module, after printing
@@ -38,23 +40,6 @@ def top():
     mid()
 top()
 ";
-
-struct Host(ProcessMemory);
-
-impl MemoryReader for Host {
-    fn read_u64(&mut self, address: u64) -> Option<u64> {
-        self.0.read_u64(address).ok()
-    }
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn interpreters() -> Vec<PathBuf> {
     let mut found = vec![PathBuf::from("/usr/bin/python3.11")];
@@ -77,7 +62,7 @@ fn interpreters() -> Vec<PathBuf> {
 
 /// A live fixture and the walk's words for its main thread.
 struct Walked {
-    child: Killed,
+    child: LiveProcess,
     words: Vec<u64>,
     names: Vec<String>,
     invocations: usize,
@@ -86,17 +71,9 @@ struct Walked {
 
 /// Runs the fixture under `python` and walks its main thread.
 fn walk(python: &Path) -> Walked {
-    let mut child = Command::new(python)
-        .args(["-c", SCRIPT])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let child = Killed(child);
-    let pid = child.0.id();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let thread: u64 = line.trim().parse().unwrap();
+    let (child, line) = spawn_and_read_line(Command::new(python).args(["-c", SCRIPT]));
+    let pid = child.pid();
+    let thread: u64 = line.parse().unwrap();
 
     let mappings = ProcessMappings::read(pid).unwrap();
     let (binary, bias) = mappings
@@ -110,7 +87,7 @@ fn walk(python: &Path) -> Walked {
         .unwrap_or_else(|| panic!("{}: no CPython mapping", python.display()));
     let layout = binary.layout;
     let process = bpf_process(layout, binary.runtime + bias);
-    let mut memory = Host(ProcessMemory::open(pid).unwrap());
+    let mut memory = HostMemory::open(pid);
     let tstate = process.thread_state(thread, &mut memory).unwrap();
     let mut frame = process.current_frame(tstate, &mut memory).unwrap();
     let mut words = Vec::new();
@@ -162,7 +139,7 @@ fn an_old_code_entry_is_read_again_when_sampled_and_its_frames_renamed() {
 
     let python = interpreters().pop().expect("a CPython on this machine");
     let walked = walk(&python);
-    let pid = walked.child.0.id();
+    let pid = walked.child.pid();
     let mut plugin = PythonPlugin::new(Box::new(MemoryProcessMap::default()));
     let mappings = ProcessMappings::read(pid).unwrap();
     assert!(plugin.attach(pid, &mappings).is_some());
