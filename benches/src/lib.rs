@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod pprof_read;
 pub mod proc;
+pub mod runtime_cost;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

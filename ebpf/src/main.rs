@@ -141,7 +141,12 @@ fn interrupted_registers(ctx: &PerfEventContext) -> aya_ebpf::bindings::pt_regs 
 
 #[perf_event]
 pub fn unwind_native(ctx: PerfEventContext) -> u32 {
-    native::unwind(&ctx)
+    native::unwind::<false>(&ctx)
+}
+
+#[perf_event]
+pub fn unwind_native_resumed(ctx: PerfEventContext) -> u32 {
+    native::unwind::<true>(&ctx)
 }
 
 #[perf_event]

@@ -134,7 +134,12 @@ fn table_at(slot: u32) -> Option<&'static ProcessMappingTable> {
     PROCESS_MAPPINGS.get_value(slot, &0)
 }
 
-pub fn unwind(ctx: &PerfEventContext) -> u32 {
+/// The native walk. `RESUMABLE` builds [`ProgramIndex::NativeResumed`],
+/// which first honours the `resume` a runtime handed back with; without it
+/// (`NativeUnwinder`, every sample's first program) the resume logic folds
+/// away, and a frame costs what it cost before runtimes could hand back.
+#[inline(always)]
+pub fn unwind<const RESUMABLE: bool>(ctx: &PerfEventContext) -> u32 {
     let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
         count(Counter::ScratchUnavailable);
         return 0;
@@ -153,19 +158,35 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     // A runtime program that takes over at the current frame.
     let mut handover = 0u32;
     for _ in 0..FRAMES_PER_PROGRAM {
-        // Only the first frame of a run can be one a runtime handed back.
-        let resume = scratch.state.resume;
+        let ip = scratch.state.registers.ip;
+        // Only the first frame of a resumed run is one a runtime handed back.
+        let resume = if RESUMABLE {
+            scratch.state.resume
+        } else {
+            resume::FRESH
+        };
         if resume != resume::FRESH {
             scratch.state.resume = resume::FRESH;
+            // Words at or above this are runtimes' tags: a wild address a
+            // runtime hands back must not pass for one. (The native steps
+            // check the return addresses they find, and the first ip is the
+            // kernel's, so frames that were not handed back skip this.)
+            if ip >= USER_ADDRESS_END {
+                count(Counter::UserFrameInvalid);
+                scratch.record.header.flags |= flags::USER_INCOMPLETE;
+                finished = true;
+                break;
+            }
         }
         // After the first frame the registers are a caller's: its ip is a
         // return address, which points after the call that covers it.
         let is_caller = scratch.record.header.user_words != 0;
-        let ip = scratch.state.registers.ip;
         let pc = if is_caller { ip.wrapping_sub(1) } else { ip };
         let entry = mappings.and_then(|m| m.find_from(pc, zero(m)));
-        if resume == resume::FRESH
-            && let Some(entry) = entry
+        // Native code (almost every frame) pays one compare here.
+        if let Some(entry) = entry
+            && entry.dispatch != Dispatch::Native as u8
+            && resume == resume::FRESH
         {
             if entry.dispatch == Dispatch::Handover as u8 {
                 handover = u32::from(entry.program);
@@ -181,14 +202,6 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
             if scratch.record.header.user_words as usize >= MAX_USER_FRAMES || index >= MAX_FRAMES {
                 count(Counter::UserStackTruncated);
                 scratch.record.header.flags |= flags::USER_TRUNCATED;
-                finished = true;
-                break;
-            }
-            // Words at or above this are runtimes' tags: a wild return
-            // address must not pass for one.
-            if ip >= USER_ADDRESS_END {
-                count(Counter::UserFrameInvalid);
-                scratch.record.header.flags |= flags::USER_INCOMPLETE;
                 finished = true;
                 break;
             }
@@ -238,7 +251,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         if crate::runtimes::hand_to(ctx, scratch, handover) {
             // No program in the slot: this frame is native code after all.
             scratch.state.resume = resume::NATIVE;
-            if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeUnwinder) {
+            if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeResumed) {
                 return 0;
             }
         }

@@ -264,6 +264,17 @@ impl Icecore {
     }
 
     /// The tail of both outputs, for failure messages.
+    /// Waits until the logs contain `text`; panics with them after `timeout`
+    /// or when icecore exits first.
+    pub fn wait_for_log(&mut self, text: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.output().contains(text) {
+            if self.wait_timeout(Duration::from_millis(50)).is_some() || Instant::now() > deadline {
+                panic!("icecore never logged {text:?}\n{}", self.logs());
+            }
+        }
+    }
+
     pub fn logs(&self) -> String {
         fn tail(s: &str, n: usize) -> String {
             let lines: Vec<&str> = s.lines().collect();

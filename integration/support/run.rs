@@ -222,7 +222,11 @@ impl SystemWideRun {
             s(pprof_dir.display()),
         ]);
         args.extend(extra_args.iter().cloned());
-        let icecore = Icecore::spawn_wrapped(wrapper, &args, tmp.path());
+        let mut icecore = Icecore::spawn_wrapped(wrapper, &args, tmp.path());
+        // Tests start their fixtures "after the agent": once it samples, not
+        // once its process exists (loading and verifying the BPF programs
+        // takes seconds on a loaded 2-CPU host).
+        icecore.wait_for_log("sampling started", Duration::from_secs(60));
         SystemWideRun {
             icecore,
             hz,

@@ -17,19 +17,25 @@ pub enum ProgramIndex {
     Emit = 1,
     /// Walks CPython frames (see [`crate::python`]).
     Python = 2,
+    /// Walks native user frames from registers a runtime handed back (see
+    /// [`crate::runtime::resume`]): the native unwinder built with the
+    /// resume logic, so that [`ProgramIndex::NativeUnwinder`]'s frames,
+    /// almost all of them, carry none of it.
+    NativeResumed = 3,
 }
 
 impl ProgramIndex {
     /// The slots every sample needs, with the names of their BPF programs.
     /// Runtime programs are listed in [`crate::runtime::BPF_RUNTIMES`].
-    pub const REQUIRED: [(ProgramIndex, &'static str); 2] = [
+    pub const REQUIRED: [(ProgramIndex, &'static str); 3] = [
         (ProgramIndex::NativeUnwinder, "unwind_native"),
         (ProgramIndex::Emit, "emit_sample"),
+        (ProgramIndex::NativeResumed, "unwind_native_resumed"),
     ];
 }
 
 /// Number of slots in the program array.
-pub const PROGRAM_COUNT: u32 = 3;
+pub const PROGRAM_COUNT: u32 = 4;
 
 /// Tail calls one sample may use. The kernel allows 33 per chain (32 before
 /// 5.17); keeping a margin leaves room for the final jump to `Emit`.

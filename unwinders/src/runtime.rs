@@ -102,7 +102,9 @@ pub enum Dispatch {
 }
 
 /// Values of [`UnwindState::resume`](crate::UnwindState): what the native
-/// unwinder does with the registers it finds when a runtime hands back.
+/// unwinder does with the registers it finds when a runtime hands back. A
+/// runtime hands back to [`ProgramIndex::NativeResumed`], the only build of
+/// the native unwinder that reads this.
 pub mod resume {
     /// A frame like any other: record it, dispatch it, step it.
     pub const FRESH: u8 = 0;

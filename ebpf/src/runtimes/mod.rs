@@ -59,6 +59,20 @@ pub fn append_word(record: &mut SampleRecord, word: u64) -> bool {
     true
 }
 
+/// Appends two words (a frame's pair), with one index computation: the
+/// caller checked [`has_room`] for both.
+#[inline(always)]
+pub fn append_words(record: &mut SampleRecord, first: u64, second: u64) {
+    let index = (record.header.kernel_frames + record.header.user_words) as usize;
+    if let Some(slot) = record.frames.get_mut(index) {
+        *slot = first;
+    }
+    if let Some(slot) = record.frames.get_mut(index + 1) {
+        *slot = second;
+    }
+    record.header.user_words += 2;
+}
+
 /// Ends a runtime program's part of the sample: after the native walk the
 /// sample is emitted; during it the native unwinder resumes, stepping the
 /// frame the runtime's words stand for (`resume::STEP_ONLY`).
@@ -66,7 +80,7 @@ pub fn append_word(record: &mut SampleRecord, word: u64) -> bool {
 pub fn finish(ctx: &PerfEventContext, scratch: &mut UnwindScratch) {
     if scratch.state.native_done == 0 {
         scratch.state.resume = resume::STEP_ONLY;
-        if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeUnwinder) {
+        if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeResumed) {
             return;
         }
         count(Counter::UserStackTruncated);

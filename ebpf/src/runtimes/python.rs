@@ -2,17 +2,16 @@
 //! `icecore_unwinders::runtime`): the native walk records each
 //! `_PyEval_EvalFrameDefault` frame and, when it ends, runs this program,
 //! which appends the sampled thread's Python frames (walk in
-//! `icecore_unwinders::python`). Handed a frame during the native walk, it
-//! appends one loop invocation's frames and hands back.
+//! `icecore_unwinders::python`). Handed a frame during the native walk
+//! instead, it declines it (native code) and defers itself to the walk's end:
+//! one walk of the whole Python stack keeps the per-frame loop minimal.
 
 use aya_ebpf::programs::PerfEventContext;
 use icecore_unwinders::{
-    Counter, ProgramIndex, WindowedReader,
-    python::{CPYTHON, PythonStep, word},
-    sample::flags,
+    Counter, ProgramIndex, WindowedReader, python::PythonStep, runtime::resume, sample::flags,
 };
 
-use super::{append_word, finish, has_room, scratch};
+use super::{append_word, append_words, finish, has_room, scratch};
 use crate::{
     maps::{PYTHON_PROCESSES, continue_in, count, count_n},
     native::UserMemory,
@@ -30,6 +29,16 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     let Some(scratch) = scratch(ProgramIndex::Python) else {
         return 0;
     };
+    if scratch.state.native_done == 0 {
+        scratch.state.deferred_program = ProgramIndex::Python as u8;
+        scratch.state.resume = resume::NATIVE;
+        if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeResumed) {
+            return 0;
+        }
+        count(Counter::UserStackTruncated);
+        scratch.record.header.flags |= flags::USER_TRUNCATED;
+        scratch.state.native_done = 1;
+    }
     let pid = scratch.record.header.pid;
     // SAFETY: only read; user space replaces entries whole.
     let Some(process) = (unsafe { PYTHON_PROCESSES.get(pid) }) else {
@@ -51,9 +60,6 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
             0
         });
     }
-    // During the native walk, one loop invocation's frames; after it, all.
-    let whole_stack = scratch.state.native_done != 0;
-    let mut invocation_done = false;
     for _ in 0..FRAMES_PER_PROGRAM {
         let mut frame = scratch.state.runtimes.python.frame;
         if frame == 0 {
@@ -74,19 +80,10 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         match step {
             PythonStep::Frame { code_word, instr } => {
                 walk.frames += 1;
-                append_word(&mut scratch.record, code_word);
-                append_word(&mut scratch.record, instr);
-                if CPYTHON.tags.local_tag(code_word) == Some(word::ENTRY_FRAME) && !whole_stack {
-                    invocation_done = true;
-                    break;
-                }
+                append_words(&mut scratch.record, code_word, instr);
             }
             PythonStep::Boundary(boundary) => {
                 append_word(&mut scratch.record, boundary);
-                if !whole_stack {
-                    invocation_done = true;
-                    break;
-                }
             }
             PythonStep::ReadFailed => {
                 count(Counter::PythonReadFailed);
@@ -97,7 +94,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         }
     }
     let walk = &mut scratch.state.runtimes.python;
-    if walk.frame != 0 && !invocation_done {
+    if walk.frame != 0 {
         if continue_in(ctx, &mut scratch.state, ProgramIndex::Python) {
             return 0;
         }

@@ -9,8 +9,8 @@
 //! CFA + 8 × `rbp_offset`. What cannot be expressed is marked, so BPF stops
 //! or falls back to frame pointers instead of guessing.
 
-use super::{Registers, StepOutcome, frame_pointer_step};
-use crate::MemoryReader;
+use super::{Registers, StepOutcome, frame_pointer::bad_return_address, frame_pointer_step};
+use crate::{MemoryReader, runtime::USER_ADDRESS_END};
 
 /// How the CFA of a row is found.
 #[repr(u8)]
@@ -194,8 +194,8 @@ pub fn dwarf_step<M: MemoryReader>(
     let Some(return_address) = memory.read_u64(cfa - 8) else {
         return StepOutcome::ReadFailed;
     };
-    if return_address == 0 {
-        return StepOutcome::EndOfStack;
+    if let Some(end) = bad_return_address(return_address) {
+        return end;
     }
     let bp = match row.rbp_rule() {
         RbpRule::Unchanged => regs.bp,
@@ -225,7 +225,7 @@ fn signal_frame_step<M: MemoryReader>(regs: &mut Registers, memory: &mut M) -> S
     ) else {
         return StepOutcome::ReadFailed;
     };
-    if ip == 0 || sp == 0 {
+    if ip == 0 || ip >= USER_ADDRESS_END || sp == 0 {
         return StepOutcome::InvalidFrame;
     }
     regs.ip = ip;

@@ -2,7 +2,7 @@
 //! return address.
 
 use super::{Registers, StepOutcome};
-use crate::MemoryReader;
+use crate::{MemoryReader, runtime::USER_ADDRESS_END};
 
 /// Unwinds one frame through the frame-pointer chain.
 ///
@@ -24,8 +24,8 @@ pub fn frame_pointer_step<M: MemoryReader>(regs: &mut Registers, memory: &mut M)
     let Some(return_address) = memory.read_u64(regs.bp.wrapping_add(8)) else {
         return StepOutcome::ReadFailed;
     };
-    if return_address == 0 {
-        return StepOutcome::EndOfStack;
+    if let Some(end) = bad_return_address(return_address) {
+        return end;
     }
     if caller_bp != 0 && caller_bp <= regs.bp {
         return StepOutcome::InvalidFrame;
@@ -34,6 +34,21 @@ pub fn frame_pointer_step<M: MemoryReader>(regs: &mut Registers, memory: &mut M)
     regs.sp = regs.bp + 16;
     regs.bp = caller_bp;
     StepOutcome::Caller
+}
+
+/// Why `return_address` cannot be a caller's: 0 ends the stack; at or above
+/// [`USER_ADDRESS_END`] it is no user address (and would pass for a runtime's
+/// tagged word in a sample). One compare covers both on the common path.
+#[inline(always)]
+pub(crate) fn bad_return_address(return_address: u64) -> Option<StepOutcome> {
+    if return_address.wrapping_sub(1) < USER_ADDRESS_END - 1 {
+        return None;
+    }
+    Some(if return_address == 0 {
+        StepOutcome::EndOfStack
+    } else {
+        StepOutcome::InvalidFrame
+    })
 }
 
 #[cfg(test)]
@@ -88,6 +103,28 @@ mod tests {
         let (ips, n, end) = walk(&mut stack, regs);
         assert_eq!(&ips[..n], &[0x40_0000, 0x40_1111, 0x40_2222, 0x40_3333]);
         assert_eq!(end, StepOutcome::EndOfStack);
+    }
+
+    #[test]
+    fn a_return_address_outside_user_space_is_invalid() {
+        assert_eq!(bad_return_address(0x40_1111), None);
+        assert_eq!(bad_return_address(USER_ADDRESS_END - 1), None);
+        assert_eq!(bad_return_address(0), Some(StepOutcome::EndOfStack));
+        for wild in [USER_ADDRESS_END, u64::MAX, 0xffff_8000_0000_0000] {
+            assert_eq!(bad_return_address(wild), Some(StepOutcome::InvalidFrame));
+        }
+        let base = 0x7fff_0000;
+        let mut words = [0u64; 16];
+        words[0] = base + 32;
+        words[1] = USER_ADDRESS_END | 0x1234; // would read as a runtime's tag
+        let mut stack = Stack { base, words };
+        let regs = Registers {
+            ip: 0x40_0000,
+            sp: base - 16,
+            bp: base,
+        };
+        let (_, n, end) = walk(&mut stack, regs);
+        assert_eq!((n, end), (1, StepOutcome::InvalidFrame));
     }
 
     #[test]
