@@ -3,7 +3,8 @@
 
 //! End-to-end tests of the CPython unwinder: a fixture with a known split
 //! between Python functions (`fixtures/python_split.py`) runs under every
-//! CPython of the machine (pyenv's 3.8–3.13 and Debian's python3.11), each
+//! CPython of the machine (pyenv's 3.8–3.13, Debian's python3.11, and Debian
+//! sid's 3.13–3.15 running in a chroot, like a container), each
 //! started after the agent, and icecore's shares must be within 5 percentage
 //! points of the built-in split and of py-spy's shares for the same process.
 //! Threads must each get their own Python stack, and C code called from
@@ -99,7 +100,7 @@ fn every_cpython_matches_its_split_and_py_spy() {
     let found = interpreters();
     assert!(
         !found.is_empty(),
-        "{TEST}: no CPython 3.8–3.13 on this machine"
+        "{TEST}: no CPython 3.8–3.15 on this machine"
     );
     let py_spy_dir = tmp();
     py_spy();
@@ -108,7 +109,7 @@ fn every_cpython_matches_its_split_and_py_spy() {
     // Every fixture starts after the agent.
     let mut fixtures: Vec<(Interpreter, Child)> = found
         .iter()
-        .map(|i| (i.clone(), spawn_fixture(&i.python, "split", FIXTURE_SECS)))
+        .map(|i| (i.clone(), spawn_fixture(i, "split", FIXTURE_SECS)))
         .collect();
     sleep(WARM_UP);
     let from = now_unix_nanos();
@@ -206,7 +207,7 @@ fn threads_and_c_extensions_are_attributed() {
     .into_iter()
     .flatten()
     {
-        if !chosen.iter().any(|c| c.python == i.python) {
+        if !chosen.iter().any(|c| c.label == i.label) {
             chosen.push(i.clone());
         }
     }
@@ -215,11 +216,11 @@ fn threads_and_c_extensions_are_attributed() {
     let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
     let mut threads: Vec<(Interpreter, Child)> = chosen
         .iter()
-        .map(|i| (i.clone(), spawn_fixture(&i.python, "threads", FIXTURE_SECS)))
+        .map(|i| (i.clone(), spawn_fixture(i, "threads", FIXTURE_SECS)))
         .collect();
     let mut native: Vec<(Interpreter, Child)> = chosen
         .iter()
-        .map(|i| (i.clone(), spawn_fixture(&i.python, "native", FIXTURE_SECS)))
+        .map(|i| (i.clone(), spawn_fixture(i, "native", FIXTURE_SECS)))
         .collect();
     sleep(WARM_UP);
     let from = now_unix_nanos();
@@ -321,7 +322,7 @@ fn a_runtime_program_the_kernel_rejects_is_off_and_the_rest_runs() {
     );
     let mut fixture = vec![(
         python.clone(),
-        spawn_fixture(&python.python, "split", FIXTURE_SECS / 2),
+        spawn_fixture(&python, "split", FIXTURE_SECS / 2),
     )];
     let pid = fixture[0].1.id();
     sleep(WARM_UP);
@@ -370,5 +371,92 @@ fn a_runtime_program_the_kernel_rejects_is_off_and_the_rest_runs() {
     assert!(
         pct(eval_loop, n) >= 80.0,
         "{TEST}: native frames unnamed: {eval_loop} of {n} through _PyEval_EvalFrameDefault"
+    );
+}
+
+/// A copy of sid's python3.14 whose `_Py_DebugOffsets` says "free-threaded"
+/// (the flag is informational to the interpreter, which runs as before):
+/// icecore must refuse it with one log line and the attach-failure metric,
+/// and keep profiling the process natively.
+#[test]
+fn a_free_threaded_cpython_is_refused_with_a_log_line_and_a_metric() {
+    use object::{Object, ObjectSection, ObjectSymbol};
+
+    const TEST: &str = "a_free_threaded_cpython_is_refused_with_a_log_line_and_a_metric";
+    if !require_root(TEST) {
+        return;
+    }
+    let Some(root) = support::python::sid_root() else {
+        return;
+    };
+    let _serial = serial();
+    let original = root.join("usr/bin/python3.14");
+    let mut bytes = std::fs::read(&original).expect("read python3.14");
+    let file_offset = {
+        let elf = object::File::parse(&*bytes).expect("parse python3.14");
+        let runtime = elf
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("_PyRuntime"))
+            .expect("_PyRuntime")
+            .address();
+        elf.sections()
+            .find_map(|s| {
+                let (offset, size) = s.file_range()?;
+                (s.address() <= runtime && runtime < s.address() + size)
+                    .then(|| offset + (runtime - s.address()))
+            })
+            .expect("_PyRuntime's section")
+    };
+    let at = usize::try_from(file_offset).unwrap();
+    assert_eq!(&bytes[at..at + 8], b"xdebugpy");
+    bytes[at + 16] = 1; // free_threaded
+    let dir = root.join("tmp/icecore-free-threaded");
+    std::fs::create_dir_all(&dir).unwrap();
+    let patched = dir.join("python3.14");
+    std::fs::write(&patched, &bytes).unwrap();
+    std::fs::set_permissions(
+        &patched,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let interpreter = Interpreter {
+        label: "3.14 marked free-threaded (sid chroot)".into(),
+        python: std::path::PathBuf::from("/tmp/icecore-free-threaded/python3.14"),
+        root: Some(root),
+    };
+
+    let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
+    let mut fixture = vec![(
+        interpreter.clone(),
+        spawn_fixture(&interpreter, "split", FIXTURE_SECS / 2),
+    )];
+    let pid = fixture[0].1.id();
+    sleep(WARM_UP);
+    let from = now_unix_nanos();
+    wait_all(&mut fixture);
+    let metrics = run
+        .icecore
+        .metrics_after_next_batch(Duration::from_secs(30));
+    finish(&mut run);
+    let logs = run.icecore.logs();
+    let refusals = logs
+        .lines()
+        .filter(|l| l.contains("free-threaded CPython 3.14t is not supported"))
+        .count();
+    assert_eq!(refusals, 1, "{TEST}: one log line expected\n{logs}");
+    let failures = metrics.value("icecore_runtime_attach_failures_total{runtime=\"cpython\"}");
+    assert!(failures >= 1.0, "{TEST}: attach failures {failures}");
+
+    let received = run.otlp_of(pid);
+    let (samples, _) = of_pid_since(&received.samples, pid, from);
+    let n = total(&samples);
+    let python_frames = count_where(&samples, |s| {
+        s.stack.iter().any(|f| f.kind.as_deref() == Some("cpython"))
+    });
+    println!("{TEST}: {n} samples, {python_frames} with Python frames, {refusals} log line");
+    assert!(n >= 200, "{TEST}: the process got {n} samples");
+    assert_eq!(
+        python_frames, 0,
+        "{TEST}: a refused CPython has no Python frames"
     );
 }

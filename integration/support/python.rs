@@ -17,13 +17,54 @@ const PY_SPY: &str = "py-spy==0.4.3";
 /// A CPython to run the fixture under.
 #[derive(Debug, Clone)]
 pub struct Interpreter {
-    /// `3.12.1 (pyenv)`, `3.11 (Debian)`.
+    /// `3.12.1 (pyenv)`, `3.11 (Debian)`, `3.14 (Debian sid, chroot)`.
     pub label: String,
+    /// The interpreter, as a process in `root` sees it.
     pub python: PathBuf,
+    /// The chroot it runs in, if any: its files are seen by icecore through
+    /// `/proc/PID/root`, like a container's.
+    pub root: Option<PathBuf>,
+}
+
+impl Interpreter {
+    /// Minor version, from the interpreter's name (`python3.14`).
+    pub fn minor(&self) -> Option<u32> {
+        let name = self.python.file_name()?.to_str()?;
+        name.strip_prefix("python3.")?.parse().ok()
+    }
+}
+
+/// Debian sid's interpreters, in the chroot `scripts/cpython-chroots.sh`
+/// makes (installed on first use; a minute).
+const SID_VERSIONS: [u32; 3] = [13, 14, 15];
+
+/// The sid chroot, created or completed if needed; None (or a failure under
+/// `ICECORE_REQUIRE_ALL=1`) when it cannot be.
+pub fn sid_root() -> Option<PathBuf> {
+    let root = std::env::var_os("ICECORE_SID_ROOT")
+        .map_or_else(|| PathBuf::from("/var/cache/icecore/sid"), PathBuf::from);
+    let status = Command::new(package_dir().join("scripts/cpython-chroots.sh"))
+        .arg(&root)
+        .status();
+    match status {
+        Ok(status) if status.success() => Some(root),
+        other => {
+            super::prerequisite(
+                "CPython tests",
+                false,
+                &format!(
+                    "Debian sid CPython chroot in {} (scripts/cpython-chroots.sh: {other:?})",
+                    root.display()
+                ),
+            );
+            None
+        }
+    }
 }
 
 /// Every CPython 3.8–3.13 of pyenv (`$PYENV_ROOT` or `~/.pyenv`), then
-/// Debian's `/usr/bin/python3.11`, those that exist.
+/// Debian's `/usr/bin/python3.11`, then Debian sid's 3.13–3.15 in their
+/// chroot, those that exist.
 pub fn interpreters() -> Vec<Interpreter> {
     let mut found = Vec::new();
     let root = std::env::var_os("PYENV_ROOT")
@@ -51,6 +92,7 @@ pub fn interpreters() -> Vec<Interpreter> {
             found.push(Interpreter {
                 label: format!("{version} (pyenv)"),
                 python,
+                root: None,
             });
         }
     }
@@ -59,7 +101,17 @@ pub fn interpreters() -> Vec<Interpreter> {
         found.push(Interpreter {
             label: "3.11 (Debian)".into(),
             python: debian,
+            root: None,
         });
+    }
+    if let Some(root) = sid_root() {
+        for minor in SID_VERSIONS {
+            found.push(Interpreter {
+                label: format!("3.{minor} (sid chroot)"),
+                python: PathBuf::from(format!("/usr/bin/python3.{minor}")),
+                root: Some(root.clone()),
+            });
+        }
     }
     found
 }
@@ -69,14 +121,30 @@ pub fn fixture_script() -> PathBuf {
     package_dir().join("integration/fixtures/python_split.py")
 }
 
-/// Starts the fixture in `mode` for `seconds` under `python`.
-pub fn spawn_fixture(python: &Path, mode: &str, seconds: u32) -> Child {
-    Command::new(python)
-        .arg(fixture_script())
+/// Starts the fixture in `mode` for `seconds` under `interpreter` (in its
+/// chroot, with the script copied into the chroot's `/tmp`).
+pub fn spawn_fixture(interpreter: &Interpreter, mode: &str, seconds: u32) -> Child {
+    let mut command = match &interpreter.root {
+        Some(root) => {
+            let inside = Path::new("/tmp/icecore_python_split.py");
+            let copy = root.join(inside.strip_prefix("/").unwrap_or(inside));
+            std::fs::copy(fixture_script(), &copy)
+                .unwrap_or_else(|e| panic!("copy the fixture to {}: {e}", copy.display()));
+            let mut command = Command::new("chroot");
+            command.arg(root).arg(&interpreter.python).arg(inside);
+            command
+        }
+        None => {
+            let mut command = Command::new(&interpreter.python);
+            command.arg(fixture_script());
+            command
+        }
+    };
+    command
         .args([mode, &seconds.to_string()])
         .stdout(Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| panic!("start {} {mode}: {e}", python.display()))
+        .unwrap_or_else(|e| panic!("start {} {mode}: {e}", interpreter.label))
 }
 
 /// py-spy from its venv, installing it first if needed.

@@ -9,3 +9,12 @@ pub(crate) fn missing_prerequisite(what: &str) {
     }
     println!("skipping: {what}");
 }
+
+/// The Debian sid chroot with CPython 3.13–3.15 and their `-dbg` packages
+/// (`scripts/cpython-chroots.sh`; `ICECORE_SID_ROOT` overrides the place).
+pub(crate) fn sid_root() -> std::path::PathBuf {
+    std::env::var_os("ICECORE_SID_ROOT").map_or_else(
+        || std::path::PathBuf::from("/var/cache/icecore/sid"),
+        std::path::PathBuf::from,
+    )
+}

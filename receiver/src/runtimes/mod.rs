@@ -7,12 +7,14 @@
 //!   BPF maps.
 //! - [`stack`]: one sample's user words (native addresses and runtimes'
 //!   tagged words) turned into frames.
-//! - [`python`]: CPython 3.8–3.13; [`perf_map`]: JIT code named from perf
+//! - [`python`]: CPython 3.8–3.15; [`perf_map`]: JIT code named from perf
 //!   maps and jitdump files (Node.js, .NET, Erlang, Julia, …).
 //!
 //! Per-version struct layouts are data (see `python/layouts.rs`), and every
 //! failure is counted in [`RuntimeStats`] rather than logged per sample.
 
+#[cfg(test)]
+pub(crate) mod dwarf_layout;
 #[cfg(test)]
 pub(crate) mod host_walk;
 pub mod memory;

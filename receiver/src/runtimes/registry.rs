@@ -31,10 +31,10 @@ impl std::fmt::Debug for RuntimeDescriptor {
     }
 }
 
-/// CPython 3.8–3.13.
+/// CPython 3.8–3.15.
 pub static CPYTHON_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     name: CPYTHON.name,
-    summary: "CPython 3.8-3.13: Python functions, files and lines",
+    summary: "CPython 3.8-3.15: Python functions, files and lines",
     frame_kind: FrameKind::CPython,
     bpf: Some(&CPYTHON),
     build: |sampler| {

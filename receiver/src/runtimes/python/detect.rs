@@ -1,12 +1,30 @@
 //! Finding CPython in a process: which mapped file is the interpreter
-//! (the executable, or `libpython3.X.so`), its version, and the addresses
-//! BPF and symbolization need, read from the file's symbols.
+//! (the executable, or `libpython3.X.so`), its version, its struct layout
+//! (from `_Py_DebugOffsets` in 3.13+, from the table before) and the
+//! addresses BPF and symbolization need, read from the file's symbols.
 
-use std::{fs::File, ops::Range, path::Path};
+use std::{
+    fs::File,
+    ops::Range,
+    path::{Path, PathBuf},
+};
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, read::ReadCache};
 
-use super::layouts::{PythonLayout, layout};
+use super::{
+    debug_offsets::{DebugOffsetsError, layout_from},
+    layouts::{PythonLayout, layout},
+};
+use crate::symbolize::debug_file;
+
+/// The first version whose `_PyRuntime` starts with `_Py_DebugOffsets`.
+const DEBUG_OFFSETS_SINCE: (u8, u8) = (3, 13);
+/// An exported `_PyEval_EvalFrameDefault` smaller than this is the hot
+/// prologue of a loop whose body the compiler moved into `.cold` (GCC's PGO
+/// builds, Debian's among them); the whole loop is tens of KiB.
+const SPLIT_EVAL_LOOP: u64 = 16 * 1024;
+/// Largest debug file read for the `.cold` symbol.
+const MAX_DEBUG_FILE: u64 = 512 << 20;
 
 /// Why a file is not a usable CPython.
 #[derive(Debug, thiserror::Error)]
@@ -37,8 +55,17 @@ pub enum DetectError {
     /// The version could not be told from `Py_Version` or the file name.
     #[error("{0}: CPython version unknown")]
     UnknownVersion(String),
+    /// The file's `_Py_DebugOffsets` cannot be used (free-threaded build,
+    /// unknown shape, implausible values).
+    #[error("{path}: {source}")]
+    DebugOffsets {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        source: DebugOffsetsError,
+    },
     /// A version icecore has no layout for.
-    #[error("{path}: CPython {major}.{minor} is not supported (3.8 to 3.13 are)")]
+    #[error("{path}: CPython {major}.{minor} is not supported (3.8 to 3.15 are)")]
     Unsupported {
         /// The file.
         path: String,
@@ -49,11 +76,32 @@ pub enum DetectError {
     },
 }
 
+impl DetectError {
+    /// Whether the file is CPython that icecore refuses (a version or build
+    /// it does not support), rather than not CPython at all: worth a warning.
+    pub fn is_refused_cpython(&self) -> bool {
+        matches!(
+            self,
+            DetectError::Unsupported { .. } | DetectError::DebugOffsets { .. }
+        )
+    }
+}
+
+/// Where to look for a file's separate debug file (for the eval loop's
+/// `.cold` part in stripped builds).
+#[derive(Debug, Clone, Default)]
+pub struct DebugSearch {
+    /// Roots to try (the process's, then ours); see [`debug_file::roots`].
+    pub roots: Vec<PathBuf>,
+    /// The file's path as its process sees it.
+    pub binary_path: String,
+}
+
 /// What one CPython file offers, in ELF virtual addresses (add the load bias).
 #[derive(Debug, Clone)]
 pub struct PythonBinary {
     /// The version's struct layout.
-    pub layout: &'static PythonLayout,
+    pub layout: PythonLayout,
     /// `_PyRuntime`.
     pub runtime: u64,
     /// `_PyEval_EvalFrameDefault`, and its `.cold` part when the symbol table names it.
@@ -113,6 +161,16 @@ pub fn version_from_name(path: &str) -> Option<(u8, u8)> {
 /// Reads what icecore needs of a CPython file. `name_version` is
 /// [`version_from_name`]'s answer for it.
 pub fn inspect(path: &Path, name_version: (u8, u8)) -> Result<PythonBinary, DetectError> {
+    inspect_with(path, name_version, &DebugSearch::default())
+}
+
+/// [`inspect`], looking for a separate debug file as `debug` says when the
+/// file's own symbols do not cover the whole eval loop.
+pub fn inspect_with(
+    path: &Path,
+    name_version: (u8, u8),
+    debug: &DebugSearch,
+) -> Result<PythonBinary, DetectError> {
     let shown = || path.display().to_string();
     let file = File::open(path).map_err(|source| DetectError::Io {
         path: shown(),
@@ -124,6 +182,7 @@ pub fn inspect(path: &Path, name_version: (u8, u8)) -> Result<PythonBinary, Dete
         message: e.to_string(),
     })?;
     let mut runtime = None;
+    let mut runtime_size = None;
     let mut eval_loop = Vec::new();
     let mut code_type = None;
     let mut py_version = None;
@@ -133,7 +192,10 @@ pub fn inspect(path: &Path, name_version: (u8, u8)) -> Result<PythonBinary, Dete
         }
         let range = symbol.address()..symbol.address() + symbol.size();
         match symbol.name() {
-            Ok("_PyRuntime") => runtime = Some(symbol.address()),
+            Ok("_PyRuntime") => {
+                runtime = Some(symbol.address());
+                runtime_size = Some(symbol.size());
+            }
             Ok("_PyEval_EvalFrameDefault" | "_PyEval_EvalFrameDefault.cold")
                 if symbol.size() > 0 && !eval_loop.contains(&range) =>
             {
@@ -160,11 +222,43 @@ pub fn inspect(path: &Path, name_version: (u8, u8)) -> Result<PythonBinary, Dete
         None if name_version.1 != 0 => name_version,
         None => return Err(DetectError::UnknownVersion(shown())),
     };
-    let layout = layout(major, minor).ok_or(DetectError::Unsupported {
-        path: shown(),
-        major,
-        minor,
-    })?;
+    let layout = if (major, minor) >= DEBUG_OFFSETS_SINCE {
+        // The struct is read from the file: a few hundred bytes.
+        let bytes = elf
+            .sections()
+            .find_map(|s| s.data_range(runtime, 1024).ok().flatten())
+            .or_else(|| {
+                let size = runtime_size.unwrap_or(0).min(1024);
+                elf.sections()
+                    .find_map(|s| s.data_range(runtime, size).ok().flatten())
+            })
+            .unwrap_or_default();
+        layout_from(bytes, major, minor, runtime_size).map_err(|source| match source {
+            DebugOffsetsError::UnknownShape { major, minor } => DetectError::Unsupported {
+                path: shown(),
+                major,
+                minor,
+            },
+            source => DetectError::DebugOffsets {
+                path: shown(),
+                source,
+            },
+        })?
+    } else {
+        *layout(major, minor).ok_or(DetectError::Unsupported {
+            path: shown(),
+            major,
+            minor,
+        })?
+    };
+    if eval_loop.len() == 1 && eval_loop[0].end - eval_loop[0].start < SPLIT_EVAL_LOOP {
+        let hot = eval_loop[0].clone();
+        if let Some(cold) =
+            cold_part_from_debug_file(path, debug).or_else(|| cold_part_from_eh_frame(&elf, &hot))
+        {
+            eval_loop.push(cold);
+        }
+    }
     let segments = elf
         .segments()
         .map(|s| {
@@ -179,6 +273,81 @@ pub fn inspect(path: &Path, name_version: (u8, u8)) -> Result<PythonBinary, Dete
         code_type,
         segments,
     })
+}
+
+/// `_PyEval_EvalFrameDefault.cold` from the file's separate debug file
+/// (found by build ID under the process's root, then ours).
+fn cold_part_from_debug_file(path: &Path, debug: &DebugSearch) -> Option<Range<u64>> {
+    let build_id = debug_file::build_id_of(path, MAX_DEBUG_FILE)?;
+    let mut roots = debug.roots.clone();
+    if roots.is_empty() {
+        roots.push(PathBuf::new());
+    }
+    let binary_path = if debug.binary_path.is_empty() {
+        path.to_string_lossy().into_owned()
+    } else {
+        debug.binary_path.clone()
+    };
+    let found = debug_file::find(
+        &roots,
+        &debug_file::Wanted {
+            binary_path: &binary_path,
+            build_id: Some(&build_id),
+            debuglink: None,
+            max_file_size: MAX_DEBUG_FILE,
+        },
+    )
+    .found?;
+    let file = File::open(found).ok()?;
+    let cache = ReadCache::new(file);
+    let elf = object::File::parse(&cache).ok()?;
+    elf.symbols().find_map(|symbol| {
+        (symbol.name() == Ok("_PyEval_EvalFrameDefault.cold") && symbol.size() > 0)
+            .then(|| symbol.address()..symbol.address() + symbol.size())
+    })
+}
+
+/// The eval loop's `.cold` part of a stripped file, from its unwind info:
+/// GCC emits the FDE of a function's `.cold` part right after the FDE of its
+/// hot part. Accepted only when it is large (it holds the loop), outside the
+/// hot part, and no exported function starts inside it.
+fn cold_part_from_eh_frame<'data, R: object::ReadRef<'data>>(
+    elf: &object::File<'data, R>,
+    hot: &Range<u64>,
+) -> Option<Range<u64>> {
+    use gimli::UnwindSection;
+    let section = elf.section_by_name(".eh_frame")?;
+    let data = section.data().ok()?;
+    let eh_frame = gimli::EhFrame::new(data, gimli::LittleEndian);
+    let bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+    let mut entries = eh_frame.entries(&bases);
+    let mut after_hot = false;
+    let mut cold = None;
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(|_, bases, offset| eh_frame.cie_from_offset(bases, offset))
+        else {
+            return None;
+        };
+        if after_hot {
+            cold = Some(fde.initial_address()..fde.end_address());
+            break;
+        }
+        after_hot = fde.initial_address() == hot.start;
+    }
+    let cold = cold?;
+    let overlaps_hot = cold.start < hot.end && hot.start < cold.end;
+    if overlaps_hot || cold.end - cold.start < SPLIT_EVAL_LOOP {
+        return None;
+    }
+    let function_inside = elf.dynamic_symbols().any(|symbol| {
+        symbol.kind() == object::SymbolKind::Text
+            && !symbol.is_undefined()
+            && cold.contains(&symbol.address())
+    });
+    (!function_inside).then_some(cold)
 }
 
 #[cfg(test)]
@@ -252,6 +421,40 @@ mod tests {
             seen += 1;
         }
         assert!(seen > 0, "no CPython found on this machine");
+    }
+
+    /// Debian's executables are stripped PGO builds whose eval loop is
+    /// almost all in `_PyEval_EvalFrameDefault.cold`, named only in the
+    /// `-dbg` package's debug file: found there, and without it from the
+    /// unwind info, the same range.
+    #[test]
+    fn the_cold_part_of_a_stripped_eval_loop_is_found() {
+        let sid = crate::test_support::sid_root();
+        let nowhere = tempfile::tempdir().expect("tempdir");
+        for minor in 13..=15 {
+            let exe = sid.join(format!("usr/bin/python3.{minor}"));
+            if !exe.exists() {
+                crate::test_support::missing_prerequisite(&format!(
+                    "Debian python3.{minor} in {} (scripts/cpython-chroots.sh)",
+                    sid.display()
+                ));
+                continue;
+            }
+            let search = |root: &Path| DebugSearch {
+                roots: vec![root.to_path_buf()],
+                binary_path: format!("/usr/bin/python3.{minor}"),
+            };
+            let debug = inspect_with(&exe, (3, minor), &search(&sid)).unwrap();
+            let unwind_info = inspect_with(&exe, (3, minor), &search(nowhere.path())).unwrap();
+            println!(
+                "python3.{minor}: eval loop {:x?} (debug file), {:x?} (unwind info)",
+                debug.eval_loop, unwind_info.eval_loop
+            );
+            assert_eq!(debug.eval_loop.len(), 2, "hot and cold parts");
+            let cold = &debug.eval_loop[1];
+            assert!(cold.end - cold.start > 64 * 1024, "{cold:x?}");
+            assert_eq!(unwind_info.eval_loop, debug.eval_loop);
+        }
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Per-version CPython struct layouts (x86-64), as data.
 //!
-//! One row per supported minor version (py-spy style): readers take every offset from the row
+//! One row per minor version 3.8–3.12 (py-spy style): readers take every offset from the row
 //! instead of branching on the version. Every offset was read from the DWARF of CPython builds
-//! (pyenv 3.8.18, 3.9.18, 3.10.13, 3.11.7, 3.12.1, 3.13.0; Debian 3.11.2 matches 3.11.7) and is
-//! re-checked against the DWARF of the interpreters present by the tests below. Only the default
-//! (GIL) builds: free-threaded (3.13t) builds have another `PyObject` header, so other offsets.
+//! (pyenv 3.8.18, 3.9.18, 3.10.13, 3.11.7, 3.12.1; Debian 3.11.2 matches 3.11.7) and is
+//! re-checked against the DWARF of the interpreters present by the tests below. From 3.13 on,
+//! the interpreter publishes its own offsets (`_Py_DebugOffsets`, see `debug_offsets.rs`), and
+//! the layout is built from them; the tests check those layouts against DWARF as well. Only the
+//! default (GIL) builds: free-threaded builds have another `PyObject` header.
 
 /// Line-table format of a code object (defined next to its decoder).
 pub use super::line_table::LineTableFormat;
@@ -17,7 +19,9 @@ pub enum EntryMarker {
     EveryFrame,
     /// 3.11: `_PyInterpreterFrame.is_entry` (a bool at this offset).
     IsEntry(u16),
-    /// 3.12+: a shim frame whose `owner` (a char at this offset) is `FRAME_OWNED_BY_CSTACK` (value given) precedes the first frame.
+    /// 3.12+: a shim frame whose `owner` (a char at this offset) is `FRAME_OWNED_BY_CSTACK`
+    /// (3.12, 3.13) / `FRAME_OWNED_BY_INTERPRETER` (3.14+), value given, precedes the first
+    /// frame. 3.15 also ends every thread's chain with one (its base frame).
     CStackShim { owner: u16, cstack: u8 },
 }
 
@@ -30,7 +34,7 @@ pub enum InstrEncoding {
     LastiCodeUnits,
     /// 3.11, 3.12: `prev_instr`, a pointer to the last instruction started (in `co_code_adaptive`).
     PrevInstrPointer,
-    /// 3.13: `instr_ptr`, a pointer to the instruction executing (in `co_code_adaptive`).
+    /// 3.13+: `instr_ptr`, a pointer to the instruction executing (in `co_code_adaptive`).
     InstrPointer,
 }
 
@@ -102,7 +106,7 @@ pub struct PythonLayout {
     pub bytes_data: u16,
 }
 
-/// Every supported version, oldest first.
+/// Every version before `_Py_DebugOffsets`, oldest first.
 #[rustfmt::skip]
 pub const LAYOUTS: &[PythonLayout] = &[
     PythonLayout {
@@ -155,19 +159,9 @@ pub const LAYOUTS: &[PythonLayout] = &[
         unicode_ascii_data: 40, unicode_compact_data: 56, unicode_length: 16, unicode_state: 32,
         unicode_kind_shift: 2, unicode_compact_bit: 5, unicode_ascii_bit: 6, bytes_size: 16, bytes_data: 32,
     },
-    PythonLayout {
-        major: 3, minor: 13, runtime_interpreters_head: 632, interp_threads_head: 7344,
-        tstate_next: 8, tstate_thread_id: 152, tstate_native_thread_id: Some(160), tstate_frame: 72, cframe_current_frame: None,
-        frame_code: 0, frame_previous: 8, frame_instr: 56, instr: InstrEncoding::InstrPointer,
-        entry: EntryMarker::CStackShim { owner: 70, cstack: 3 },
-        code_filename: 112, code_name: 120, code_qualname: Some(128), code_firstlineno: 68, code_code_adaptive: Some(200),
-        code_linetable: 136, line_table: LineTableFormat::Locations,
-        unicode_ascii_data: 40, unicode_compact_data: 56, unicode_length: 16, unicode_state: 32,
-        unicode_kind_shift: 2, unicode_compact_bit: 5, unicode_ascii_bit: 6, bytes_size: 16, bytes_data: 32,
-    },
 ];
 
-/// The layout of `major.minor`, if supported.
+/// The hand-written layout of `major.minor` (3.8–3.12).
 pub fn layout(major: u8, minor: u8) -> Option<&'static PythonLayout> {
     LAYOUTS
         .iter()
@@ -176,228 +170,20 @@ pub fn layout(major: u8, minor: u8) -> Option<&'static PythonLayout> {
 
 #[cfg(test)]
 mod tests {
-    use std::borrow::Cow;
-    use std::collections::HashMap;
-    use std::error::Error;
-    use std::io::Read;
     use std::path::{Path, PathBuf};
-    use std::rc::Rc;
-
-    use gimli::constants::{self as dw, *};
-    use gimli::{AttributeValue, DwAt, DwTag, EndianRcSlice, Reader, RunTimeEndian, UnitOffset};
-    use object::{Object, ObjectSection};
 
     use super::*;
-
-    type R = EndianRcSlice<RunTimeEndian>;
-    type Res<T> = Result<T, Box<dyn Error>>;
-    /// A DIE: index of its unit in `StructIndex::units`, offset in that unit.
-    type Die = (usize, UnitOffset);
-
-    /// The named types of one file's `.debug_info`, indexed once: `struct X`, `enum X` and
-    /// typedefs (plain `X`), each to its first definition (declarations are skipped).
-    struct StructIndex {
-        dwarf: gimli::Dwarf<R>,
-        units: Vec<gimli::Unit<R>>,
-        by_name: HashMap<String, Die>,
-    }
-
-    impl StructIndex {
-        fn open(path: &Path) -> Res<Self> {
-            let data = std::fs::read(path)?;
-            let file = object::File::parse(&*data)?;
-            let endian = RunTimeEndian::Little; // x86-64
-            let dwarf = gimli::Dwarf::load(|id| -> Res<R> {
-                let bytes = match file.section_by_name(id.name()) {
-                    Some(section) => section_bytes(&section)?,
-                    None => Cow::Borrowed(&[][..]),
-                };
-                Ok(R::new(Rc::from(&*bytes), endian))
-            })?;
-            let mut index = StructIndex {
-                dwarf,
-                units: Vec::new(),
-                by_name: HashMap::new(),
-            };
-            for header in index.dwarf.units() {
-                let unit = index.dwarf.unit(header?)?;
-                let mut entries = unit.entries();
-                while let Some(entry) = entries.next_dfs()? {
-                    let prefix = match entry.tag() {
-                        dw::DW_TAG_structure_type => "struct ",
-                        dw::DW_TAG_enumeration_type => "enum ",
-                        dw::DW_TAG_typedef => "",
-                        _ => continue,
-                    };
-                    let Some(name) = entry.attr_value(DW_AT_name) else {
-                        continue;
-                    };
-                    if entry.attr(DW_AT_declaration).is_none() {
-                        let name = index
-                            .dwarf
-                            .attr_string(&unit, name)?
-                            .to_string_lossy()?
-                            .into_owned();
-                        let die = (index.units.len(), entry.offset());
-                        index
-                            .by_name
-                            .entry(format!("{prefix}{name}"))
-                            .or_insert(die);
-                    }
-                }
-                index.units.push(unit);
-            }
-            Ok(index)
-        }
-
-        fn entry(&self, (unit, offset): Die) -> Res<gimli::DebuggingInformationEntry<R>> {
-            Ok(self.units[unit].entry(offset)?)
-        }
-
-        fn name(&self, die: Die) -> Res<Option<String>> {
-            let Some(name) = self.entry(die)?.attr_value(DW_AT_name) else {
-                return Ok(None);
-            };
-            let name = self.dwarf.attr_string(&self.units[die.0], name)?;
-            Ok(Some(name.to_string_lossy()?.into_owned()))
-        }
-
-        fn udata(&self, die: Die, attr: DwAt) -> Res<Option<u64>> {
-            Ok(self
-                .entry(die)?
-                .attr_value(attr)
-                .and_then(|value| value.udata_value()))
-        }
-
-        /// The DIE that `die`'s `DW_AT_type` refers to.
-        fn type_of(&self, die: Die) -> Res<Die> {
-            match self.entry(die)?.attr_value(DW_AT_type) {
-                Some(AttributeValue::UnitRef(offset)) => Ok((die.0, offset)),
-                other => Err(format!("unsupported DW_AT_type {other:?}").into()),
-            }
-        }
-
-        /// A type through typedefs and qualifiers.
-        fn strip(&self, mut die: Die) -> Res<Die> {
-            loop {
-                match self.entry(die)?.tag() {
-                    dw::DW_TAG_typedef | dw::DW_TAG_const_type | dw::DW_TAG_volatile_type => {
-                        die = self.type_of(die)?
-                    }
-                    _ => return Ok(die),
-                }
-            }
-        }
-
-        fn resolve(&self, name: &str) -> Res<Option<Die>> {
-            self.by_name
-                .get(name)
-                .map(|&die| self.strip(die))
-                .transpose()
-        }
-
-        /// The child of `parent` with this tag and name.
-        fn child(&self, parent: Die, tag: DwTag, name: &str) -> Res<Option<Die>> {
-            let mut tree = self.units[parent.0].entries_tree(Some(parent.1))?;
-            let mut children = tree.root()?.children();
-            while let Some(child) = children.next()? {
-                let die = (parent.0, child.entry().offset());
-                if child.entry().tag() == tag && self.name(die)?.as_deref() == Some(name) {
-                    return Ok(Some(die));
-                }
-            }
-            Ok(None)
-        }
-
-        /// The bit offset of the member at the dotted `path` (e.g. `interpreters.head`) from the
-        /// start of type `ty`; None if the type or a member is absent.
-        fn bit_offset(&self, ty: &str, path: &str) -> Res<Option<u64>> {
-            let Some(mut die) = self.resolve(ty)? else {
-                return Ok(None);
-            };
-            let mut bits = 0;
-            for name in path.split('.') {
-                let Some(member) = self.child(self.strip(die)?, DW_TAG_member, name)? else {
-                    return Ok(None);
-                };
-                let bytes = self.udata(member, DW_AT_data_member_location)?;
-                bits += match (self.udata(member, DW_AT_data_bit_offset)?, bytes) {
-                    (Some(bit), _) => bit,
-                    // DWARF 2/3 bitfields count `DW_AT_bit_offset` from the storage unit's MSB.
-                    (None, Some(bytes)) => match self.udata(member, DW_AT_bit_offset)? {
-                        Some(from_msb) => {
-                            let unit =
-                                self.udata(member, DW_AT_byte_size)?.ok_or("no byte size")?;
-                            let width = self.udata(member, DW_AT_bit_size)?.ok_or("no bit size")?;
-                            8 * bytes + 8 * unit - from_msb - width
-                        }
-                        None => 8 * bytes,
-                    },
-                    (None, None) => return Err(format!("{ty}.{path}: no location").into()),
-                };
-                die = self.type_of(member)?;
-            }
-            Ok(Some(bits))
-        }
-
-        fn size(&self, ty: &str) -> Res<Option<u64>> {
-            let Some(die) = self.resolve(ty)? else {
-                return Ok(None);
-            };
-            self.udata(die, DW_AT_byte_size)
-        }
-
-        fn enumerator(&self, ty: &str, name: &str) -> Res<Option<u64>> {
-            let Some(die) = self.resolve(ty)? else {
-                return Ok(None);
-            };
-            let Some(value) = self.child(die, DW_TAG_enumerator, name)? else {
-                return Ok(None);
-            };
-            self.udata(value, DW_AT_const_value)
-        }
-    }
-
-    /// A section's bytes, SHF_COMPRESSED zlib sections (distributions' debug files) inflated.
-    fn section_bytes<'data>(section: &object::Section<'data, '_>) -> Res<Cow<'data, [u8]>> {
-        let compressed = section.compressed_data()?;
-        match compressed.format {
-            object::CompressionFormat::None => Ok(Cow::Borrowed(compressed.data)),
-            object::CompressionFormat::Zlib => {
-                let mut out = Vec::with_capacity(usize::try_from(compressed.uncompressed_size)?);
-                flate2::read::ZlibDecoder::new(compressed.data).read_to_end(&mut out)?;
-                Ok(Cow::Owned(out))
-            }
-            other => Err(format!("unsupported compression {other:?}").into()),
-        }
-    }
-
-    /// What the DWARF must say about one field.
-    enum Query {
-        /// Byte offset of a member (dotted path) of a named type; None when absent.
-        Offset(&'static str, &'static str),
-        /// Bit of a member of `PyASCIIObject.state`, counted from that word's first byte.
-        StateBit(&'static str),
-        /// `sizeof` a named type.
-        Size(&'static str),
-        /// Value of an enumerator of a named enum.
-        Enumerator(&'static str, &'static str),
-    }
-
-    /// `(field name, layout value, query)` for field `$f` of layout `$l` (`opt`: an `Option`).
-    macro_rules! check {
-        (opt $l:ident . $f:ident, $query:expr) => {
-            (stringify!($f), $l.$f.map(u64::from), $query)
-        };
-        ($l:ident . $f:ident, $query:expr) => {
-            (stringify!($f), Some(u64::from($l.$f)), $query)
-        };
-    }
+    use crate::runtimes::dwarf_layout::{
+        Build, Check, Query, assert_layouts_match, layout_check as check,
+    };
+    use crate::runtimes::python::detect;
+    use crate::symbolize::debug_file;
+    use crate::test_support::sid_root;
 
     /// Every field of `l`, with the C names of its version.
     #[rustfmt::skip]
-    fn checks(l: &PythonLayout) -> Vec<(&'static str, Option<u64>, Query)> {
-        use Query::{Enumerator, Offset, Size, StateBit};
+    fn checks(l: &PythonLayout) -> Vec<Check> {
+        use Query::{BitWithin, Enumerator, Offset, Size};
         const ASCII: &str = "PyASCIIObject";
         const CODE: &str = "PyCodeObject";
         const TS: &str = "struct _ts";
@@ -430,72 +216,62 @@ mod tests {
             check!(l.unicode_compact_data, Size("PyCompactUnicodeObject")),
             check!(l.unicode_length, Offset(ASCII, "length")),
             check!(l.unicode_state, Offset(ASCII, "state")),
-            check!(l.unicode_kind_shift, StateBit("kind")),
-            check!(l.unicode_compact_bit, StateBit("compact")),
-            check!(l.unicode_ascii_bit, StateBit("ascii")),
+            check!(l.unicode_kind_shift, BitWithin(ASCII, "state", "kind")),
+            check!(l.unicode_compact_bit, BitWithin(ASCII, "state", "compact")),
+            check!(l.unicode_ascii_bit, BitWithin(ASCII, "state", "ascii")),
             check!(l.bytes_size, Offset("PyBytesObject", "ob_base.ob_size")),
             check!(l.bytes_data, Offset("PyBytesObject", "ob_sval")),
         ];
         let owner = Offset(frame, "owner");
+        let entry = |field, expected: Option<u64>, query| Check { field, expected, query };
         checks.extend(match l.entry {
-            EntryMarker::EveryFrame => vec![("entry owner", None, owner)],
-            EntryMarker::IsEntry(is_entry) => vec![("entry is_entry", Some(is_entry.into()), Offset(frame, "is_entry"))],
+            EntryMarker::EveryFrame => vec![entry("entry owner", None, owner)],
+            EntryMarker::IsEntry(is_entry) => vec![entry("entry is_entry", Some(is_entry.into()), Offset(frame, "is_entry"))],
             EntryMarker::CStackShim { owner: offset, cstack } => vec![
-                ("entry owner", Some(offset.into()), owner),
-                ("FRAME_OWNED_BY_CSTACK", Some(cstack.into()), Enumerator("enum _frameowner", "FRAME_OWNED_BY_CSTACK")),
+                entry("entry owner", Some(offset.into()), owner),
+                // The owner of the frame a C call pushes first: renamed in 3.14.
+                if l.minor >= 14 {
+                    entry("FRAME_OWNED_BY_INTERPRETER", Some(cstack.into()), Enumerator("enum _frameowner", "FRAME_OWNED_BY_INTERPRETER"))
+                } else {
+                    entry("FRAME_OWNED_BY_CSTACK", Some(cstack.into()), Enumerator("enum _frameowner", "FRAME_OWNED_BY_CSTACK"))
+                },
             ],
         });
         checks
     }
 
-    /// `(field, value found)` table cells of one version.
-    type Cells = Vec<(&'static str, String)>;
-
-    /// Checks every field of `l` against the DWARF of `path`: the table cells, in `checks`
-    /// order, and the mismatches.
-    fn verify(l: &PythonLayout, path: &Path) -> Res<(Cells, Vec<String>)> {
-        let index = StructIndex::open(path)?;
-        let (mut cells, mut errors) = (Vec::new(), Vec::new());
-        for (field, expected, query) in checks(l) {
-            let found = match query {
-                Query::Offset(ty, member) => index.bit_offset(ty, member)?.map(|bits| bits / 8),
-                Query::StateBit(bit) => {
-                    let bits = index.bit_offset("PyASCIIObject", &format!("state.{bit}"))?;
-                    bits.and_then(|bits| bits.checked_sub(8 * u64::from(l.unicode_state)))
-                }
-                Query::Size(ty) => index.size(ty)?,
-                Query::Enumerator(ty, name) => index.enumerator(ty, name)?,
-            };
-            if found != expected {
-                errors.push(format!(
-                    "{}.{} {field}: layout {expected:?}, DWARF {found:?}",
-                    l.major, l.minor
-                ));
-            }
-            cells.push((field, found.map_or("-".to_owned(), |v| v.to_string())));
-        }
-        Ok((cells, errors))
-    }
-
-    /// `(label, layout, libpython)` for the pyenv builds present, and for each entry of
-    /// `ICECORE_PY_DWARF_EXTRA=3.11=/usr/lib/debug/.build-id/….debug,…` (e.g. a distribution's).
-    fn interpreters() -> Vec<(String, &'static PythonLayout, PathBuf)> {
+    fn pyenv_root() -> PathBuf {
         let home = std::env::var_os("HOME").map(|home| Path::new(&home).join(".pyenv"));
-        let root = std::env::var_os("PYENV_ROOT")
+        std::env::var_os("PYENV_ROOT")
             .map(PathBuf::from)
             .or(home)
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// The layout icecore uses for the CPython file at `path`.
+    fn layout_of(path: &Path) -> PythonLayout {
+        let name = detect::version_from_name(&path.to_string_lossy()).expect("a CPython file name");
+        detect::inspect(path, name)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .layout
+    }
+
+    /// A build for each pyenv CPython present (its libpython carries DWARF), each
+    /// Debian sid interpreter of the chroot with its `-dbg` debug file, and each
+    /// entry of `ICECORE_PY_DWARF_EXTRA=/path/libpython3.11.so=/usr/lib/debug/….debug,…`.
+    fn builds() -> Vec<Build> {
+        let root = pyenv_root();
         let mut found = Vec::new();
-        for (l, patch) in LAYOUTS
-            .iter()
-            .zip(["3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"])
+        for (minor, patch) in
+            (8..=13).zip(["3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"])
         {
-            let lib = root.join(format!(
-                "versions/{patch}/lib/libpython{}.{}.so.1.0",
-                l.major, l.minor
-            ));
+            let lib = root.join(format!("versions/{patch}/lib/libpython3.{minor}.so.1.0"));
             if lib.exists() {
-                found.push((patch.to_owned(), l, lib));
+                found.push(Build {
+                    label: patch.to_owned(),
+                    checks: checks(&layout_of(&lib)),
+                    dwarf: lib,
+                });
             } else {
                 crate::test_support::missing_prerequisite(&format!(
                     "CPython {patch}: no {}",
@@ -503,67 +279,89 @@ mod tests {
                 ));
             }
         }
+        let sid = sid_root();
+        for minor in 13..=15 {
+            let exe = sid.join(format!("usr/bin/python3.{minor}"));
+            let debug = debug_file::build_id_of(&exe, u64::MAX)
+                .and_then(|id| debug_file::build_id_path(&id))
+                .map(|path| sid.join(path.strip_prefix("/").unwrap_or(&path)));
+            match debug {
+                Some(debug) if debug.exists() => found.push(Build {
+                    label: format!("3.{minor} sid"),
+                    checks: checks(&layout_of(&exe)),
+                    dwarf: debug,
+                }),
+                _ => crate::test_support::missing_prerequisite(&format!(
+                    "Debian sid python3.{minor} with python3.{minor}-dbg in {} (scripts/cpython-chroots.sh)",
+                    sid.display()
+                )),
+            }
+        }
         let extra = std::env::var("ICECORE_PY_DWARF_EXTRA").unwrap_or_default();
-        for (version, path) in extra.split(',').filter_map(|entry| entry.split_once('=')) {
-            let (major, minor) = version
-                .split_once('.')
-                .expect("ICECORE_PY_DWARF_EXTRA: MAJOR.MINOR=PATH");
-            let l = layout(major.parse().expect("major"), minor.parse().expect("minor"))
-                .expect("a supported version");
-            found.push((format!("{version}+"), l, PathBuf::from(path)));
+        for (binary, dwarf) in extra.split(',').filter_map(|entry| entry.split_once('=')) {
+            let binary = PathBuf::from(binary);
+            let label = binary
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            found.push(Build {
+                label,
+                checks: checks(&layout_of(&binary)),
+                dwarf: PathBuf::from(dwarf),
+            });
         }
         found
     }
 
     #[test]
     fn offsets_match_dwarf() {
-        let interpreters = interpreters();
-        assert!(
-            !interpreters.is_empty(),
-            "no pyenv CPython 3.8–3.13 found (PYENV_ROOT or ~/.pyenv)"
-        );
-        let (mut columns, mut errors) = (Vec::new(), Vec::new());
-        for (label, l, path) in &interpreters {
-            let (cells, mismatches) =
-                verify(l, path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            columns.push((label, cells));
-            errors.extend(mismatches);
-        }
-        // One row per field (the entry-marker rows differ between versions).
-        let mut fields: Vec<&str> = Vec::new();
-        for (field, _) in columns.iter().flat_map(|(_, cells)| cells) {
-            if !fields.contains(field) {
-                fields.push(field);
+        assert_layouts_match("CPython", &builds());
+    }
+
+    /// The 3.13 layout as it was written by hand from pyenv 3.13.0's DWARF,
+    /// before `_Py_DebugOffsets` replaced it: what the interpreter publishes
+    /// must say the same.
+    #[rustfmt::skip]
+    const HAND_WRITTEN_3_13: PythonLayout = PythonLayout {
+        major: 3, minor: 13, runtime_interpreters_head: 632, interp_threads_head: 7344,
+        tstate_next: 8, tstate_thread_id: 152, tstate_native_thread_id: Some(160), tstate_frame: 72, cframe_current_frame: None,
+        frame_code: 0, frame_previous: 8, frame_instr: 56, instr: InstrEncoding::InstrPointer,
+        entry: EntryMarker::CStackShim { owner: 70, cstack: 3 },
+        code_filename: 112, code_name: 120, code_qualname: Some(128), code_firstlineno: 68, code_code_adaptive: Some(200),
+        code_linetable: 136, line_table: LineTableFormat::Locations,
+        unicode_ascii_data: 40, unicode_compact_data: 56, unicode_length: 16, unicode_state: 32,
+        unicode_kind_shift: 2, unicode_compact_bit: 5, unicode_ascii_bit: 6, bytes_size: 16, bytes_data: 32,
+    };
+
+    #[test]
+    fn debug_offsets_of_3_13_say_what_the_hand_written_layout_said() {
+        let candidates = [
+            pyenv_root().join("versions/3.13.0/lib/libpython3.13.so.1.0"),
+            sid_root().join("usr/bin/python3.13"),
+        ];
+        for path in &candidates {
+            if !path.exists() {
+                crate::test_support::missing_prerequisite(&format!(
+                    "CPython 3.13: no {}",
+                    path.display()
+                ));
+                continue;
             }
+            assert_eq!(layout_of(path), HAND_WRITTEN_3_13, "{}", path.display());
         }
-        print!("{:<26}", "field (DWARF)");
-        columns.iter().for_each(|(label, _)| print!("{label:>9}"));
-        for field in fields {
-            print!("\n{field:<26}");
-            for (_, cells) in &columns {
-                let cell = cells
-                    .iter()
-                    .find(|(f, _)| *f == field)
-                    .map_or("", |(_, v)| v.as_str());
-                print!("{cell:>9}");
-            }
-        }
-        println!();
-        assert!(
-            errors.is_empty(),
-            "layouts disagree with DWARF:\n{}",
-            errors.join("\n")
-        );
     }
 
     #[test]
     fn lookup() {
-        for minor in 8..=13 {
+        for minor in 8..=12 {
             let l = layout(3, minor).expect("supported");
             assert_eq!((l.major, l.minor), (3, minor));
         }
         assert_eq!(layout(3, 7), None);
-        assert_eq!(layout(3, 14), None);
+        assert_eq!(
+            layout(3, 13),
+            None,
+            "3.13+ layouts come from _Py_DebugOffsets"
+        );
         assert_eq!(layout(2, 7), None);
         assert!(
             LAYOUTS

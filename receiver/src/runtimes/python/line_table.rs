@@ -1,6 +1,6 @@
 //! CPython line tables: from a bytecode offset to a source line.
 //!
-//! Three on-disk formats cover CPython 3.8–3.13 (see CPython's `Objects/lnotab_notes.txt` and
+//! Three on-disk formats cover CPython 3.8–3.15 (see CPython's `Objects/lnotab_notes.txt` and
 //! `Objects/codeobject.c` of each version):
 //!
 //! - ≤ 3.9 `co_lnotab`: pairs `(addr_incr: u8, line_incr: i8)`; the line of an instruction is
@@ -457,14 +457,22 @@ emit(co)
         (0..digits.len()).step_by(2).map(pair).collect()
     }
 
-    /// Runs the dump script under `python` and checks every offset; returns how many.
-    fn check_interpreter(python: &std::path::Path) -> usize {
-        let out = std::process::Command::new(python)
+    /// Runs the dump script with the interpreter `python` (a program and its
+    /// first arguments, e.g. `chroot ROOT /usr/bin/python3.14`) and checks
+    /// every offset; returns how many.
+    fn check_interpreter(python: &[std::path::PathBuf]) -> usize {
+        let shown = python
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let out = std::process::Command::new(&python[0])
+            .args(&python[1..])
             .args(["-c", DUMP_SCRIPT])
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{}: {stderr}", python.display());
+        assert!(out.status.success(), "{}: {stderr}", shown);
         let stdout = String::from_utf8(out.stdout).unwrap();
         let mut lines = stdout.lines();
         let version = lines.next().unwrap();
@@ -502,11 +510,11 @@ emit(co)
         assert!(
             code_objects >= 10,
             "{}: only {code_objects} code objects",
-            python.display()
+            shown
         );
         println!(
             "{} ({version}): {checked} offsets in {code_objects} code objects",
-            python.display()
+            shown
         );
         checked
     }
@@ -526,18 +534,39 @@ emit(co)
             })
             .collect();
         pythons.push("/usr/bin/python3.11".into());
+        let mut commands: Vec<Vec<std::path::PathBuf>> =
+            pythons.into_iter().map(|p| vec![p]).collect();
+        // Debian sid's 3.13-3.15, in their chroot (scripts/cpython-chroots.sh).
+        let sid = crate::test_support::sid_root();
+        for minor in 13..=15 {
+            let python = format!("usr/bin/python3.{minor}");
+            if sid.join(&python).is_file() {
+                commands.push(vec![
+                    "chroot".into(),
+                    sid.clone(),
+                    format!("/{python}").into(),
+                ]);
+            } else {
+                crate::test_support::missing_prerequisite(&format!(
+                    "Debian python3.{minor} in {} (scripts/cpython-chroots.sh)",
+                    sid.display()
+                ));
+            }
+        }
         let mut present = 0;
-        for python in &pythons {
-            if python.is_file() {
-                assert!(check_interpreter(python) > 1000);
+        for command in &commands {
+            let program = &command[command.len() - 1];
+            let on_host = command.len() == 1;
+            if !on_host || program.is_file() {
+                assert!(check_interpreter(command) > 1000);
                 present += 1;
             } else {
-                println!("{}: absent, skipped", python.display());
+                println!("{}: absent, skipped", program.display());
             }
         }
         assert!(
             present > 0,
-            "no CPython interpreter found among {pythons:?}"
+            "no CPython interpreter found among {commands:?}"
         );
     }
 }

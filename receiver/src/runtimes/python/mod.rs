@@ -1,7 +1,9 @@
-//! CPython 3.8–3.13: the user-space half of the CPython unwinder.
+//! CPython 3.8–3.15: the user-space half of the CPython unwinder.
 //!
 //! - [`detect`]: which mapped file is CPython, its version and symbols.
-//! - [`layouts`]: per-version struct offsets, as data.
+//! - [`layouts`]: per-version struct offsets, as data (3.8–3.12);
+//!   [`debug_offsets`]: 3.13+ offsets read from the interpreter's own
+//!   `_Py_DebugOffsets`.
 //! - [`code`] and [`line_table`]: code objects and their line tables.
 //!
 //! BPF (`ebpf/src/python.rs`, walk in `icecore_unwinders::python`) reports
@@ -10,6 +12,7 @@
 //! `/proc/PID/mem`, and turns the position into a line.
 
 pub mod code;
+pub mod debug_offsets;
 pub mod detect;
 pub mod layouts;
 pub mod line_table;
@@ -30,11 +33,11 @@ use icecore_unwinders::{
     runtime::PAYLOAD_MASK,
 };
 use lru::LruCache;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use self::{
     code::{CodeInfo, read_code},
-    detect::{PythonBinary, inspect, version_from_name},
+    detect::{DebugSearch, PythonBinary, inspect_with, version_from_name},
     layouts::{EntryMarker, InstrEncoding, PythonLayout},
 };
 use super::{
@@ -43,8 +46,10 @@ use super::{
     registry::CPYTHON_RUNTIME,
     services::{FileProbes, ProcessMap, remove_where},
 };
-use crate::process_maps::ProcessMappings;
+use crate::{process_maps::ProcessMappings, symbolize::debug_file};
 
+/// The tag bits of a `_PyStackRef` (`Py_TAG_BITS`, 3.14+).
+const STACK_REF_TAG_BITS: u64 = 3;
 /// CPython files inspected and remembered (per device and inode).
 const BINARY_CACHE: usize = 256;
 /// Code objects remembered, over all processes.
@@ -105,9 +110,23 @@ impl PythonPlugin {
             let Some(name_version) = version_from_name(&mapping.path) else {
                 continue;
             };
-            let binary = self
-                .binaries
-                .get_or_probe(pid, mapping, |path| inspect(path, name_version));
+            let debug = DebugSearch {
+                roots: debug_file::roots(pid),
+                binary_path: mapping.path.to_string(),
+            };
+            let stats = &mut self.stats;
+            // Runs once per file (on each path of it until one works): a
+            // refused CPython is said once, and counted once.
+            let mut refused = false;
+            let binary = self.binaries.get_or_probe(pid, mapping, |path| {
+                inspect_with(path, name_version, &debug).inspect_err(|e| {
+                    if e.is_refused_cpython() && !refused {
+                        refused = true;
+                        stats.attach_failures += 1;
+                        warn!(pid, file = %mapping.path, "CPython not profiled: {e}");
+                    }
+                })
+            });
             if let Some(binary) = binary
                 && let Some(bias) = binary.load_bias(mapping.start, mapping.file_offset)
             {
@@ -155,7 +174,7 @@ impl PythonPlugin {
             .binary
             .code_type
             .map(|t| t.wrapping_add(instance.bias));
-        read_code(memory, instance.binary.layout, code, code_type)
+        read_code(memory, &instance.binary.layout, code, code_type)
             .map_err(|e| debug!(pid, "python code object: {e}"))
             .ok()
             .map(Arc::new)
@@ -170,7 +189,7 @@ impl PythonPlugin {
             self.stats.frame_errors += 1;
             return unknown(code);
         };
-        let line = code::line_of(layout, &info, code, instr);
+        let line = code::line_of(&layout, &info, code, instr);
         self.frames
             .get_or_insert((pid, code, line), || {
                 Arc::new(Frame {
@@ -261,7 +280,10 @@ pub fn invocations(words: &[u64]) -> Vec<Vec<(u64, u64)>> {
                     .get(i + 1)
                     .filter(|&&w| CPYTHON.tags.local_tag(w) == Some(word::INSTR))
                     .map_or(0, |w| w & PAYLOAD_MASK);
-                current.push((word & PAYLOAD_MASK, instr));
+                // 3.14+ `f_executable` is a `_PyStackRef`: its low bits are
+                // tags (1 for immortal objects). Objects are 8-aligned, and
+                // earlier versions' pointers have these bits clear.
+                current.push((word & PAYLOAD_MASK & !STACK_REF_TAG_BITS, instr));
                 i += 2;
                 if tag == word::ENTRY_FRAME {
                     groups.push(std::mem::take(&mut current));
@@ -312,7 +334,7 @@ impl RuntimePlugin for PythonPlugin {
             return Some(attachment(instance));
         }
         let (binary, bias) = self.find_binary(pid, mappings)?;
-        let process = bpf_process(binary.layout, binary.runtime.wrapping_add(bias));
+        let process = bpf_process(&binary.layout, binary.runtime.wrapping_add(bias));
         if let Err(e) = self.map.insert(pid, &process) {
             self.stats.attach_failures += 1;
             debug!(pid, "cannot describe a CPython process to BPF: {e}");
@@ -380,24 +402,36 @@ mod tests {
         let e = |c| CPYTHON.tags.word(word::ENTRY_FRAME, c);
         let b = CPYTHON.tags.word(word::CALL_BOUNDARY, 0);
         let i = |n| CPYTHON.tags.word(word::INSTR, n);
+        // 3.14+: `f_executable` is a tagged `_PyStackRef`; the tag is not
+        // part of the address.
+        assert_eq!(
+            invocations(&[f(0x101), i(10), b, f(0x200), i(20), b]),
+            vec![vec![(0x100, 10)], vec![(0x200, 20)]]
+        );
+        // 3.15 ends every thread's chain with a base frame (a shim): the
+        // empty call after it is no invocation.
+        assert_eq!(
+            invocations(&[f(0x100), i(10), b, b]),
+            vec![vec![(0x100, 10)]]
+        );
         // 3.12+: shims separate calls.
         assert_eq!(
-            invocations(&[f(1), i(10), f(2), i(20), b, f(3), i(30), b]),
-            vec![vec![(1, 10), (2, 20)], vec![(3, 30)]]
+            invocations(&[f(0x100), i(10), f(0x200), i(20), b, f(0x300), i(30), b]),
+            vec![vec![(0x100, 10), (0x200, 20)], vec![(0x300, 30)]]
         );
         // 3.11 and ≤ 3.10: the outermost frame of a call is marked.
         assert_eq!(
-            invocations(&[f(1), i(10), e(2), i(20), e(3), i(30)]),
-            vec![vec![(1, 10), (2, 20)], vec![(3, 30)]]
+            invocations(&[f(0x100), i(10), e(0x200), i(20), e(0x300), i(30)]),
+            vec![vec![(0x100, 10), (0x200, 20)], vec![(0x300, 30)]]
         );
         // A cut-off walk keeps what it has; junk ends the parse.
         assert_eq!(
-            invocations(&[f(1), i(10), f(2)]),
-            vec![vec![(1, 10), (2, 0)]]
+            invocations(&[f(0x100), i(10), f(0x200)]),
+            vec![vec![(0x100, 10), (0x200, 0)]]
         );
         assert_eq!(
-            invocations(&[e(1), i(10), 0x7fff_0000, e(2), i(1)]),
-            vec![vec![(1, 10)]]
+            invocations(&[e(0x100), i(10), 0x7fff_0000, e(0x200), i(1)]),
+            vec![vec![(0x100, 10)]]
         );
         assert!(invocations(&[]).is_empty());
     }

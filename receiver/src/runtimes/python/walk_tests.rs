@@ -41,8 +41,44 @@ def top():
 top()
 ";
 
-fn interpreters() -> Vec<PathBuf> {
-    let mut found = vec![PathBuf::from("/usr/bin/python3.11")];
+/// A CPython to run: a program, in a chroot or not.
+#[derive(Debug, Clone)]
+struct Python {
+    program: PathBuf,
+    /// A chroot the program runs in (Debian sid's interpreters).
+    root: Option<PathBuf>,
+}
+
+impl Python {
+    fn command(&self) -> Command {
+        match &self.root {
+            Some(root) => {
+                let mut command = Command::new("chroot");
+                command.arg(root).arg(&self.program);
+                command
+            }
+            None => Command::new(&self.program),
+        }
+    }
+}
+
+impl std::fmt::Display for Python {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.root {
+            Some(root) => write!(f, "{} in {}", self.program.display(), root.display()),
+            None => write!(f, "{}", self.program.display()),
+        }
+    }
+}
+
+/// Debian's python3.11, pyenv's 3.8–3.13, and Debian sid's 3.13–3.15 in
+/// their chroot (`scripts/cpython-chroots.sh`), those present.
+fn interpreters() -> Vec<Python> {
+    let host = |program: PathBuf| Python {
+        program,
+        root: None,
+    };
+    let mut found = vec![host(PathBuf::from("/usr/bin/python3.11"))];
     let root = std::env::var_os("PYENV_ROOT")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")));
@@ -51,12 +87,30 @@ fn interpreters() -> Vec<PathBuf> {
             let name = entry.file_name().to_string_lossy().to_string();
             for minor in 8..=13 {
                 if name.starts_with(&format!("3.{minor}.")) {
-                    found.push(entry.path().join(format!("bin/python3.{minor}")));
+                    found.push(host(entry.path().join(format!("bin/python3.{minor}"))));
                 }
             }
         }
     }
-    found.retain(|p| p.exists());
+    found.retain(|p| p.program.exists());
+    let sid = crate::test_support::sid_root();
+    for minor in 13..=15 {
+        let program = PathBuf::from(format!("/usr/bin/python3.{minor}"));
+        if sid
+            .join(program.strip_prefix("/").unwrap_or(&program))
+            .exists()
+        {
+            found.push(Python {
+                program,
+                root: Some(sid.clone()),
+            });
+        } else {
+            crate::test_support::missing_prerequisite(&format!(
+                "Debian python3.{minor} in {} (scripts/cpython-chroots.sh)",
+                sid.display()
+            ));
+        }
+    }
     found
 }
 
@@ -70,8 +124,8 @@ struct Walked {
 }
 
 /// Runs the fixture under `python` and walks its main thread.
-fn walk(python: &Path) -> Walked {
-    let (child, line) = spawn_and_read_line(Command::new(python).args(["-c", SCRIPT]));
+fn walk(python: &Python) -> Walked {
+    let (child, line) = spawn_and_read_line(python.command().args(["-c", SCRIPT]));
     let pid = child.pid();
     let thread: u64 = line.parse().unwrap();
 
@@ -84,9 +138,9 @@ fn walk(python: &Path) -> Walked {
             let bias = binary.load_bias(m.start, m.file_offset)?;
             Some((binary, bias))
         })
-        .unwrap_or_else(|| panic!("{}: no CPython mapping", python.display()));
+        .unwrap_or_else(|| panic!("{python}: no CPython mapping"));
     let layout = binary.layout;
-    let process = bpf_process(layout, binary.runtime + bias);
+    let process = bpf_process(&layout, binary.runtime + bias);
     let mut memory = HostMemory::open(pid);
     let tstate = process.thread_state(thread, &mut memory).unwrap();
     let mut frame = process.current_frame(tstate, &mut memory).unwrap();
@@ -98,7 +152,7 @@ fn walk(python: &Path) -> Walked {
         match process.step(&mut frame, &mut memory) {
             PythonStep::Frame { code_word, instr } => words.extend([code_word, instr]),
             PythonStep::Boundary(word) => words.push(word),
-            PythonStep::ReadFailed => panic!("{}: read failed", python.display()),
+            PythonStep::ReadFailed => panic!("{python}: read failed"),
         }
     }
     let groups = invocations(&words);
@@ -108,7 +162,7 @@ fn walk(python: &Path) -> Walked {
         .flatten()
         .map(|&(code, _)| {
             let code_type = binary.code_type.map(|t| t + bias);
-            read_code(&reader, layout, code, code_type)
+            read_code(&reader, &layout, code, code_type)
                 .unwrap()
                 .name
                 .to_string()
@@ -118,8 +172,7 @@ fn walk(python: &Path) -> Walked {
         words
             .first()
             .is_some_and(|&w| CPYTHON.tags.local_tag(w).is_some()),
-        "{}: the walk's first word is not a tagged frame",
-        python.display()
+        "{python}: the walk's first word is not a tagged frame"
     );
     Walked {
         child,
@@ -174,22 +227,14 @@ fn the_bpf_walk_finds_each_versions_frames_in_a_live_process() {
             version,
             ..
         } = walk(&python);
-        println!(
-            "{}: {names:?} in {invocations} invocation(s)",
-            python.display()
-        );
+        println!("{python}: {names:?} in {invocations} invocation(s)");
         // The interpreter may run startup code above the module (site, runpy).
-        assert_eq!(
-            names[..4],
-            ["leaf", "mid", "top", "<module>"],
-            "{}",
-            python.display()
-        );
+        assert_eq!(names[..4], ["leaf", "mid", "top", "<module>"], "{python}");
         if version >= (3, 11) {
             // Python-to-Python calls run inside one _PyEval_EvalFrameDefault.
-            assert_eq!(invocations, 1, "{}", python.display());
+            assert_eq!(invocations, 1, "{python}");
         } else {
-            assert_eq!(invocations, names.len(), "{}", python.display());
+            assert_eq!(invocations, names.len(), "{python}");
         }
     }
 }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Debian's own CPython builds for the tests, in a Debian sid chroot: 3.13, 3.14
+# and 3.15 (statically linked, stripped, PGO'd executables, as Debian ships
+# them) and their -dbg packages (the DWARF the layout test checks against).
+# The CPython tests profile processes running in this chroot like a
+# container's. Idempotent: a complete chroot is reused, so a machine pays
+# the minute once.
+#
+#   scripts/cpython-chroots.sh [DIR]      (default /var/cache/icecore/sid)
+set -euo pipefail
+
+root=${1:-${ICECORE_SID_ROOT:-/var/cache/icecore/sid}}
+versions=(3.13 3.14 3.15)
+log() { printf 'cpython-chroots: %s\n' "$*" >&2; }
+
+complete() {
+  local v
+  for v in "${versions[@]}"; do
+    [[ -x $root/usr/bin/python$v ]] || return 1
+    chroot "$root" dpkg -s "python$v-dbg" >/dev/null 2>&1 || return 1
+  done
+}
+
+if [[ $(id -u) -ne 0 ]]; then
+  log "needs root (debootstrap, chroot)"; exit 1
+fi
+if complete; then
+  exit 0
+fi
+if [[ ! -x $root/usr/bin/apt-get ]]; then
+  command -v debootstrap >/dev/null || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+  }
+  log "creating a Debian sid chroot in $root (about a minute)"
+  rm -rf "$root.partial"
+  mkdir -p "$(dirname "$root")"
+  debootstrap --variant=minbase sid "$root.partial" >/dev/null
+  mv "$root.partial" "$root"
+fi
+packages=()
+for v in "${versions[@]}"; do packages+=("python$v" "python$v-dbg"); done
+log "installing ${packages[*]}"
+# The registry's Release files can be past their Valid-Until date.
+chroot "$root" apt-get -o Acquire::Check-Valid-Until=false update -qq
+chroot "$root" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+complete || { log "the chroot in $root is still incomplete"; exit 1; }
+log "ready: $(for v in "${versions[@]}"; do chroot "$root" "python$v" -c 'import sys; print(sys.version.split()[0], end=" ")'; done)"
