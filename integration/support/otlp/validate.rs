@@ -162,9 +162,15 @@ fn check_resources(c: &mut Checker<'_>, req: &ExportProfilesServiceRequest, peri
         }
         match attrs.get("process.pid") {
             Some(AttrValue::Int(pid)) if *pid > 0 => {
-                if !pids.insert(*pid) {
+                // One resource per process image: a pid that ran `exec` in
+                // the interval has one per executable.
+                let path = match attrs.get("process.executable.path") {
+                    Some(AttrValue::Str(path)) => path.clone(),
+                    _ => String::new(),
+                };
+                if !pids.insert((*pid, path.clone())) {
                     c.bad(format!(
-                        "{rctx}: pid {pid} has more than one ResourceProfiles"
+                        "{rctx}: pid {pid} ({path}) has more than one ResourceProfiles"
                     ));
                 }
             }
