@@ -12,9 +12,11 @@
 //! (Short-lived processes are `integration/short_lived.rs`'s.)
 //!
 //! A process is unwound with frame pointers only until icecore has described
-//! it to BPF (its first sample triggers that); each test therefore waits until
-//! the fixture is described and evaluates only samples taken from
-//! `WARM_UP` after that moment (the number excluded is printed).
+//! it to BPF (before sampling starts for the processes already running, at
+//! its exec for the others, and the tables of its files are built); most
+//! tests therefore wait until the fixture is described and evaluate only
+//! samples taken from `WARM_UP` after that moment (the number excluded is
+//! printed). `samples_are_complete_from_the_first` excludes nothing.
 //!
 //! Every test loads BPF programs and needs root; without root it prints why it
 //! is skipped and passes. The tests run one at a time (`support::serial()`).
@@ -51,7 +53,7 @@ use support::native::{
     compile_native_lib, compile_native_rust, min_samples, temp_dir,
 };
 use support::run::{ProfiledRun, SystemWideRun, Target};
-use support::summary::{self, DecodedSample, count_where, inclusive, pct, total};
+use support::summary::{self, DecodedSample, count_where, inclusive, of_pid_since, pct, total};
 use support::{now_unix_nanos, require_root, serial};
 
 // ---- tests -----------------------------------------------------------------------
@@ -506,4 +508,110 @@ fn process_started_after_the_agent_is_unwound() {
         at_end.bpf_event("dwarf_frames") > 0,
         "{TEST}: no DWARF frames"
     );
+}
+
+/// Processes that ran before icecore started and processes exec'd while it
+/// runs (from a file no other process maps): their samples, from the very
+/// first (no warm-up excluded), reach `main`. The running ones are
+/// described before sampling starts, the new ones at their exec.
+///
+/// A new process's samples taken before its file's unwind table is built
+/// (about 45 ms after its exec here) still stop early: they are not yet
+/// kept to be unwound later nor dropped, hence the lower bar for them.
+#[test]
+fn samples_are_complete_from_the_first() {
+    const TEST: &str = "samples_are_complete_from_the_first";
+    const MIN_COMPLETE_PCT: f64 = 99.0;
+    const MIN_COMPLETE_EXECED_PCT: f64 = 97.0;
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let tmp = temp_dir();
+    let exe = compile_native_c(C_FLAGS, tmp.path(), "native");
+    // A second file: the processes exec'd later need a table built for it.
+    let late_exe = tmp.path().join("native_late");
+    std::fs::copy(&exe, &late_exe).expect("copy the fixture");
+    let mut before: Vec<support::fixture::Fixture> = (0..2)
+        .map(|_| support::fixture::Fixture::spawn_args(&exe, &["cycle", MAX_LIFETIME_SECS]))
+        .collect();
+    let mut run = SystemWideRun::spawn(tmp, NATIVE_HZ, &[]);
+    let started = now_unix_nanos();
+    let mut after: Vec<(support::fixture::Fixture, u64)> = (0..2)
+        .map(|_| {
+            let at = now_unix_nanos();
+            let fixture =
+                support::fixture::Fixture::spawn_args(&late_exe, &["cycle", MAX_LIFETIME_SECS]);
+            (fixture, at)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(5));
+    let at_end = run.icecore.metrics_after_next_batch(BATCH_TIMEOUT);
+    run.icecore.stop();
+    print_metrics_at_end(TEST, &at_end);
+    let logs = run.icecore.output();
+    let startup = logs
+        .lines()
+        .find(|l| l.contains("described the running processes before sampling"))
+        .unwrap_or("(no start-up line)");
+    println!("{TEST}: {startup}");
+    let received = run.otlp_of(before[0].pid());
+
+    let mut failures = Vec::new();
+    let fixtures = before
+        .iter_mut()
+        .map(|f| (f, None))
+        .chain(after.iter_mut().map(|(f, at)| (f, Some(*at))));
+    for (fixture, spawned_at) in fixtures {
+        assert!(fixture.is_running(), "{TEST}: a fixture died");
+        let pid = fixture.pid();
+        let (samples, _) = of_pid_since(&received.samples, pid, 0);
+        let n = total(&samples);
+        let complete = count_where(&samples, |s| s.contains("main"));
+        let share = pct(complete, n);
+        let kind = if spawned_at.is_some() {
+            "exec'd during the run"
+        } else {
+            "running before"
+        };
+        // From the exec to the first sample that reaches main.
+        let first_complete = samples
+            .iter()
+            .filter(|s| s.contains("main"))
+            .flat_map(|s| s.timestamps.iter().copied())
+            .min();
+        let first_any = samples
+            .iter()
+            .flat_map(|s| s.timestamps.iter().copied())
+            .min();
+        let since = |t: Option<u64>, from: u64| {
+            t.map_or("-".to_owned(), |t| {
+                format!("{:.1} ms", (t as f64 - from as f64) / 1e6)
+            })
+        };
+        println!(
+            "{TEST}: pid {pid} ({kind}): {complete} of {n} samples reach main ({share:.2}%); \
+             first sample {} and first complete one {} after {}",
+            since(first_any, spawned_at.unwrap_or(started)),
+            since(first_complete, spawned_at.unwrap_or(started)),
+            if spawned_at.is_some() {
+                "its spawn"
+            } else {
+                "sampling started"
+            },
+        );
+        let min_pct = if spawned_at.is_some() {
+            MIN_COMPLETE_EXECED_PCT
+        } else {
+            MIN_COMPLETE_PCT
+        };
+        if n < min_samples() || share < min_pct {
+            failures.push(format!(
+                "pid {pid} ({kind}): {complete} of {n} samples reach main ({share:.2}%, \
+                 at least {min_pct}% of at least {} expected)",
+                min_samples()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
 }

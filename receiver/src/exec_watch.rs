@@ -108,6 +108,9 @@ pub struct ExecWatchStats {
 /// The running thread; stopped and joined when dropped.
 pub struct ExecWatcher {
     results: Receiver<Lifecycle>,
+    /// Notified when results wait, so that a new process is described to
+    /// BPF at once rather than at the profiler's next poll.
+    ready: Arc<tokio::sync::Notify>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<ExecWatchStats>,
@@ -119,15 +122,18 @@ impl ExecWatcher {
         let (sender, results) = sync_channel(QUEUE);
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ExecWatchStats::default());
+        let ready = Arc::new(tokio::sync::Notify::new());
         let thread = {
             let stop = stop.clone();
             let stats = stats.clone();
+            let ready = ready.clone();
             std::thread::Builder::new()
                 .name("icecore-exec".into())
-                .spawn(move || Follower::new(sender, stats).run(ring, &stop))?
+                .spawn(move || Follower::new(sender, stats, ready).run(ring, &stop))?
         };
         Ok(Self {
             results,
+            ready,
             stop,
             thread: Some(thread),
             stats,
@@ -139,6 +145,11 @@ impl ExecWatcher {
         while let Ok(result) = self.results.try_recv() {
             f(result);
         }
+    }
+
+    /// Notified when results wait (see [`Self::drain`]).
+    pub fn ready_notifier(&self) -> Arc<tokio::sync::Notify> {
+        self.ready.clone()
     }
 
     /// The thread's counters, live.
@@ -168,14 +179,20 @@ struct Followed {
 struct Follower {
     sender: SyncSender<Lifecycle>,
     stats: Arc<ExecWatchStats>,
+    ready: Arc<tokio::sync::Notify>,
     followed: Vec<Followed>,
 }
 
 impl Follower {
-    fn new(sender: SyncSender<Lifecycle>, stats: Arc<ExecWatchStats>) -> Self {
+    fn new(
+        sender: SyncSender<Lifecycle>,
+        stats: Arc<ExecWatchStats>,
+        ready: Arc<tokio::sync::Notify>,
+    ) -> Self {
         Self {
             sender,
             stats,
+            ready,
             followed: Vec::new(),
         }
     }
@@ -198,7 +215,7 @@ impl Follower {
 
     fn send(&self, result: Lifecycle) {
         match self.sender.try_send(result) {
-            Ok(()) => {}
+            Ok(()) => self.ready.notify_one(),
             Err(TrySendError::Full(_)) => {
                 self.stats.dropped.fetch_add(1, Relaxed);
             }

@@ -25,6 +25,7 @@ pub mod record;
 pub mod runtimes;
 pub mod sample_rings;
 pub mod sampler;
+pub mod startup;
 pub mod symbolize;
 pub mod unwind_maps;
 pub mod unwind_table;

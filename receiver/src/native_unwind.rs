@@ -106,6 +106,8 @@ pub struct NativeUnwindInfo {
     /// once rather than at the next drain.
     built: Arc<tokio::sync::Notify>,
     stats: NativeUnwindStats,
+    /// Builds queued whose result has not been polled yet.
+    builds_pending: usize,
     max_table_bytes: usize,
     /// The vDSO's table, with the vDSO's size: a `[vdso]` mapping of another
     /// size (a 32-bit process's) is a different image.
@@ -161,6 +163,7 @@ impl NativeUnwindInfo {
             results,
             built,
             stats: NativeUnwindStats::default(),
+            builds_pending: 0,
             max_table_bytes,
             vdso: vdso_table().map(Arc::new),
         })
@@ -252,6 +255,7 @@ impl NativeUnwindInfo {
         match self.jobs.try_send(BuildJob { key, paths }) {
             Ok(()) => {
                 self.files.put(key, FileState::Building);
+                self.builds_pending += 1;
             }
             Err(e) => debug!("table build queue full, retrying later: {e}"),
         }
@@ -312,6 +316,11 @@ impl NativeUnwindInfo {
             .flatten()
     }
 
+    /// Table builds queued and not yet installed by [`Self::poll_builds`].
+    pub fn builds_pending(&self) -> usize {
+        self.builds_pending
+    }
+
     /// Notified each time a table build finishes ([`Self::poll_builds`]
     /// installs it).
     pub fn build_notifier(&self) -> Arc<tokio::sync::Notify> {
@@ -326,6 +335,7 @@ impl NativeUnwindInfo {
     ) -> Vec<u32> {
         let mut ready = Vec::new();
         while let Ok((key, built)) = self.results.try_recv() {
+            self.builds_pending = self.builds_pending.saturating_sub(1);
             match built {
                 Some(table) => {
                     self.stats.tables_built += 1;

@@ -28,7 +28,8 @@ pub struct TrackedProcess {
     /// Which image this is: unique over the table's life, so samples name
     /// the image they were taken in even after an `exec` replaced it.
     pub image: u64,
-    /// Whether the profiler described this image to BPF (at its first sample).
+    /// Whether the profiler described this image to BPF (at its exec or its
+    /// first sample).
     pub described: bool,
     /// Start time in clock ticks since boot, to tell a reused PID from the original.
     start_time: Option<u64>,
@@ -304,6 +305,13 @@ impl ProcessTable {
                 debug!(pid, "cannot refresh mappings: {e}");
                 false
             }
+        }
+    }
+
+    /// Notes that the current image of `pid` is described to BPF.
+    pub fn mark_described(&mut self, pid: u32) {
+        if let Some(process) = self.processes.peek_mut(&pid) {
+            process.described = true;
         }
     }
 

@@ -25,6 +25,7 @@ use crate::{
     record::RawSample,
     runtimes::{RuntimePlugin, RuntimeStats, Runtimes, registry},
     sampler::{CounterValues, CpuSampler, ProgramCost, RuntimeLoad, SamplerError, SamplerOptions},
+    startup,
     symbolize::{Symbolizer, SymbolizerLimits},
     unwind_maps::UnwindMaps,
 };
@@ -53,6 +54,9 @@ pub struct ProfilerOptions {
     pub max_samples_per_interval: usize,
     /// The symbolizer's bounds (debug information memory among them).
     pub symbolizer: SymbolizerLimits,
+    /// How long the start waits for the unwind tables of the processes
+    /// already running (their first samples are then unwound whole).
+    pub startup_tables_wait: Duration,
 }
 
 impl ProfilerOptions {
@@ -64,6 +68,7 @@ impl ProfilerOptions {
             max_processes: NonZeroUsize::new(16_384).unwrap_or(NonZeroUsize::MIN),
             max_samples_per_interval: 2_000_000,
             symbolizer: SymbolizerLimits::default(),
+            startup_tables_wait: Duration::from_secs(10),
         }
     }
 }
@@ -162,7 +167,7 @@ impl CpuProfiler {
             Ok(false) => {}
             Err(e) => debug!("tracefs not mounted at {}: {e}", host::TRACEFS),
         }
-        let mut sampler = CpuSampler::start(&options.sampler)?;
+        let mut sampler = CpuSampler::load(&options.sampler)?;
         let native = sampler.take_unwind_maps().and_then(|set| {
             let maps = UnwindMaps::new(set)
                 .map_err(|e| warn!("DWARF unwinding off, frame pointers only: {e}"))
@@ -177,6 +182,18 @@ impl CpuProfiler {
         });
         let (plugins, runtime_states) =
             start_runtimes(&mut sampler, &options.sampler.runtimes, native.is_some());
+        let mut runtimes = Runtimes::new(plugins);
+        let mut native = native;
+        if let Some(native) = native.as_mut() {
+            startup::describe_running(
+                native,
+                &mut runtimes,
+                &options.sampler.pids,
+                options.startup_tables_wait,
+            );
+        }
+        // Execs and exits meanwhile wait in the lifecycle ring (its
+        // tracepoints are attached at load) for the first drain.
         let exec_watcher = sampler.take_events().and_then(|ring| {
             ExecWatcher::spawn(ring)
                 .map_err(|e| {
@@ -184,11 +201,12 @@ impl CpuProfiler {
                 })
                 .ok()
         });
+        sampler.start_sampling()?;
         let hz = i64::from(options.sampler.frequency_hz.max(1));
         Ok(CpuProfiler {
             sampler,
             native,
-            runtimes: Runtimes::new(plugins),
+            runtimes,
             processes: ProcessTable::new(options.max_processes),
             symbolizer: Symbolizer::new(options.symbolizer),
             aggregator: Aggregator::new(options.max_samples_per_interval),
@@ -456,6 +474,7 @@ impl CpuProfiler {
         report.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut polls = 0u32;
         let built = self.native.as_ref().map(NativeUnwindInfo::build_notifier);
+        let execs = self.exec_watcher.as_ref().map(ExecWatcher::ready_notifier);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -469,6 +488,10 @@ impl CpuProfiler {
                 }
                 () = wait_notified(built.as_deref()) => {
                     // A table is ready: install it now, not at the next poll.
+                    self.drain();
+                }
+                () = wait_notified(execs.as_deref()) => {
+                    // A new process was read: describe it now.
                     self.drain();
                 }
                 ready = wait_readable(ring.as_ref()) => {
@@ -549,11 +572,15 @@ fn apply_lifecycle(
                 && let Some(process) = processes.get(pid)
             {
                 symbolizer.preload(pid, &process.mappings, &files);
+                // Described at its exec, not at its first sample: a new
+                // process's samples are unwound whole as soon as its files'
+                // tables exist (at once for files other processes map).
                 if let Some(native) = native.as_mut()
-                    && native.is_described(pid)
+                    && process.mappings.executable().next().is_some()
                 {
                     let code = runtimes.attach(pid, &process.mappings);
                     native.describe_process(pid, &process.mappings, &code);
+                    processes.mark_described(pid);
                     described.push(pid);
                 }
             }

@@ -156,8 +156,13 @@ pub struct CpuSampler {
     // closes, which would silently turn every tail call into a failure.
     _programs: ProgramArray<MapData>,
     _stats: Option<OwnedFd>,
-    cpus: usize,
-    /// The entry program's perf events, one per CPU; empty once stopped.
+    /// The online CPUs, each sampled by one perf event.
+    cpus: Vec<u32>,
+    frequency_hz: u32,
+    /// The pid filter, for the log.
+    pids: Vec<u32>,
+    /// The entry program's perf events, one per CPU; empty before
+    /// [`CpuSampler::start_sampling`] and once stopped.
     sampling_links: Vec<PerfEventLinkId>,
     runtime_loads: Vec<(&'static BpfRuntime, RuntimeLoad)>,
 }
@@ -165,6 +170,15 @@ pub struct CpuSampler {
 impl CpuSampler {
     /// Loads the programs and starts sampling every online CPU.
     pub fn start(options: &SamplerOptions) -> Result<Self, SamplerError> {
+        let mut sampler = Self::load(options)?;
+        sampler.start_sampling()?;
+        Ok(sampler)
+    }
+
+    /// Loads the programs and follows process lifecycles, without sampling
+    /// yet: the caller describes the running processes first (so that their
+    /// first samples are unwound whole), then calls [`Self::start_sampling`].
+    pub fn load(options: &SamplerOptions) -> Result<Self, SamplerError> {
         host::check_privileges()?;
         let release = host::kernel_release();
         if host::kernel_version(&release).is_some_and(|v| v < (5, 8)) {
@@ -335,26 +349,6 @@ impl CpuSampler {
                 .map_err(|source| SamplerError::Program { name, source })?;
         }
 
-        let entry = perf_program(&mut ebpf, ENTRY_PROGRAM)?;
-        let mut sampling_links = Vec::with_capacity(cpus.len());
-        for &cpu in &cpus {
-            let link = entry
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(u64::from(options.frequency_hz)),
-                    false,
-                )
-                .map_err(|source| permission_or_program(ENTRY_PROGRAM, source))?;
-            sampling_links.push(link);
-        }
-        info!(
-            cpus = cpus.len(),
-            frequency_hz = options.frequency_hz,
-            ring_buffer_kib_per_cpu = rings.ring_bytes() / 1024,
-            pids = ?options.pids,
-            "sampling started"
-        );
         Ok(CpuSampler {
             ebpf,
             rings,
@@ -363,10 +357,39 @@ impl CpuSampler {
             counters,
             _programs: programs,
             _stats: stats,
-            cpus: cpus.len(),
-            sampling_links,
+            cpus,
+            frequency_hz: options.frequency_hz,
+            pids: options.pids.clone(),
+            sampling_links: Vec::new(),
             runtime_loads,
         })
+    }
+
+    /// Starts sampling every online CPU (once; later calls do nothing).
+    pub fn start_sampling(&mut self) -> Result<(), SamplerError> {
+        if !self.sampling_links.is_empty() {
+            return Ok(());
+        }
+        let entry = perf_program(&mut self.ebpf, ENTRY_PROGRAM)?;
+        for &cpu in &self.cpus {
+            let link = entry
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(u64::from(self.frequency_hz)),
+                    false,
+                )
+                .map_err(|source| permission_or_program(ENTRY_PROGRAM, source))?;
+            self.sampling_links.push(link);
+        }
+        info!(
+            cpus = self.cpus.len(),
+            frequency_hz = self.frequency_hz,
+            ring_buffer_kib_per_cpu = self.rings.ring_bytes() / 1024,
+            pids = ?self.pids,
+            "sampling started"
+        );
+        Ok(())
     }
 
     /// How loading each runtime's BPF program went.
@@ -459,7 +482,7 @@ impl CpuSampler {
 
     /// Number of CPUs sampled.
     pub fn cpu_count(&self) -> usize {
-        self.cpus
+        self.cpus.len()
     }
 }
 
