@@ -135,6 +135,7 @@ fn batch() -> ProfileBatch {
                     executable_path: format!("/usr/bin/{name}").into(),
                     service_name: name.clone(),
                     executable_name: name,
+                    ..ProcessInfo::default()
                 },
                 samples: Vec::new(),
             }

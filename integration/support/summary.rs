@@ -56,6 +56,10 @@ pub struct DecodedSample {
     pub count: u64,
     /// Per-sample timestamps (OTLP only), Unix epoch nanoseconds.
     pub timestamps: Vec<u64>,
+    /// OTLP resource `container.id`, pprof label `container_id`.
+    pub container_id: Option<String>,
+    /// OTLP resource `k8s.pod.uid`, pprof label `pod_uid`.
+    pub pod_uid: Option<String>,
 }
 
 impl DecodedSample {

@@ -115,7 +115,7 @@ pub struct Frame {
 pub type Stack = Arc<[Arc<Frame>]>;
 
 /// Identity of a process, for the OTLP resource and pprof labels.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct ProcessInfo {
     /// Process ID (thread-group ID).
     pub pid: u32,
@@ -126,6 +126,10 @@ pub struct ProcessInfo {
     pub executable_path: Arc<str>,
     /// `service.name`; sources default it to the executable name.
     pub service_name: Arc<str>,
+    /// The container the process runs in (`container.id`); empty when none.
+    pub container_id: Arc<str>,
+    /// The Kubernetes pod it runs in (`k8s.pod.uid`); empty when none.
+    pub k8s_pod_uid: Arc<str>,
 }
 
 /// Samples of one stack on one thread within the batch window.

@@ -12,6 +12,11 @@ pub(crate) const START: u64 = 1_795_324_440_000_000_000;
 pub(crate) const DURATION: u64 = 5_000_000_000;
 /// Sampling period of [`batch`]: 19 Hz.
 pub(crate) const PERIOD: i64 = 1_000_000_000 / 19;
+/// Process 100's container.
+pub(crate) const CONTAINER_ID: &str =
+    "3f4e5d6c7b8a99887766554433221100ffeeddccbbaa00112233445566778899";
+/// Process 100's pod.
+pub(crate) const POD_UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 
 pub(crate) fn line(name: &str, file: Option<&str>, line: u32) -> Line {
     Line {
@@ -109,6 +114,7 @@ pub(crate) fn batch() -> ProfileBatch {
         executable_name: name.into(),
         executable_path: format!("/usr/bin/{name}").into(),
         service_name: name.into(),
+        ..ProcessInfo::default()
     };
     ProfileBatch {
         start_unix_nanos: START,
@@ -117,7 +123,12 @@ pub(crate) fn batch() -> ProfileBatch {
         host_name: "testhost".into(),
         processes: vec![
             ProcessProfile {
-                process: info(100, "app"),
+                // In a Kubernetes pod's container.
+                process: ProcessInfo {
+                    container_id: CONTAINER_ID.into(),
+                    k8s_pod_uid: POD_UID.into(),
+                    ..info(100, "app")
+                },
                 samples: vec![
                     group(&stack_a, 100, "app", &[1, 2]),
                     group(&stack_a_copy, 100, "app", &[3]),

@@ -182,6 +182,7 @@ fn process_info(
         executable_name: name.clone(),
         executable_path: Arc::from(""),
         service_name: name,
+        ..ProcessInfo::default()
     }
 }
 

@@ -17,6 +17,7 @@ pub mod exec_watch;
 pub mod host;
 pub mod kernel_btf;
 pub mod map_memory;
+pub mod metadata;
 pub mod native_unwind;
 pub mod process_maps;
 pub mod processes;

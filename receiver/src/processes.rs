@@ -70,6 +70,7 @@ impl ImageSnapshot {
             }
         };
         let path = process_maps::executable_path(pid).ok();
+        let cgroup = crate::metadata::cgroup::read_identity(pid);
         let name: Arc<str> = match &path {
             Some(p) => Arc::from(p.rsplit('/').next().unwrap_or(p.as_str())),
             None => Arc::from(comm),
@@ -80,6 +81,8 @@ impl ImageSnapshot {
                 executable_name: name.clone(),
                 executable_path: Arc::from(path.as_deref().unwrap_or("")),
                 service_name: name,
+                container_id: Arc::from(cgroup.container_id.as_deref().unwrap_or("")),
+                k8s_pod_uid: Arc::from(cgroup.pod_uid.as_deref().unwrap_or("")),
             },
             mappings,
             start_time: process_maps::start_time_ticks(pid).ok(),

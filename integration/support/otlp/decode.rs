@@ -129,6 +129,8 @@ pub fn samples(requests: &[ReceivedRequest]) -> Vec<DecodedSample> {
             let comm = attrs
                 .get("process.executable.name")
                 .and_then(|v| v.as_str().map(str::to_string));
+            let string = |key: &str| attrs.get(key).and_then(|v| v.as_str().map(str::to_string));
+            let (container_id, pod_uid) = (string("container.id"), string("k8s.pod.uid"));
             for sp in &rp.scope_profiles {
                 for p in &sp.profiles {
                     for s in &p.samples {
@@ -158,6 +160,8 @@ pub fn samples(requests: &[ReceivedRequest]) -> Vec<DecodedSample> {
                             stack,
                             count,
                             timestamps: s.timestamps_unix_nano.clone(),
+                            container_id: container_id.clone(),
+                            pod_uid: pod_uid.clone(),
                         });
                     }
                 }

@@ -132,6 +132,12 @@ fn labels(batch: &ProfileBatch, process: &ProcessProfile) -> LabelSet {
     if !info.executable_path.is_empty() {
         labels.push(label("executable", &info.executable_path));
     }
+    if !info.container_id.is_empty() {
+        labels.push(label("container_id", &info.container_id));
+    }
+    if !info.k8s_pod_uid.is_empty() {
+        labels.push(label("pod_uid", &info.k8s_pod_uid));
+    }
     if !batch.host_name.is_empty() {
         labels.push(label("node", &batch.host_name));
     }

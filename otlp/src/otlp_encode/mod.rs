@@ -179,6 +179,13 @@ fn resource(
     if !info.executable_path.is_empty() {
         attributes.push(string_kv("process.executable.path", &info.executable_path));
     }
+    // Only known inside a container or pod: omitted otherwise.
+    if !info.container_id.is_empty() {
+        attributes.push(string_kv("container.id", &info.container_id));
+    }
+    if !info.k8s_pod_uid.is_empty() {
+        attributes.push(string_kv("k8s.pod.uid", &info.k8s_pod_uid));
+    }
     attributes.push(string_kv("host.name", &batch.host_name));
     for (key, value) in &configured.extra {
         if !attributes.iter().any(|kv| &kv.key == key) {

@@ -194,6 +194,21 @@ fn profile_shape_resource_and_scope() {
         resource_attr(attrs, "host.name"),
         &Value::StringValue("testhost".into())
     );
+    assert_eq!(
+        resource_attr(attrs, "container.id"),
+        &Value::StringValue(test_fixtures::CONTAINER_ID.into())
+    );
+    assert_eq!(
+        resource_attr(attrs, "k8s.pod.uid"),
+        &Value::StringValue(test_fixtures::POD_UID.into())
+    );
+    // Outside containers the attributes are left out, not sent empty.
+    let other = &req.resource_profiles[1].resource.as_ref().unwrap().attributes;
+    assert!(
+        !other
+            .iter()
+            .any(|kv| kv.key == "container.id" || kv.key == "k8s.pod.uid")
+    );
     assert_eq!(rp.scope_profiles.len(), 1);
     let scope = rp.scope_profiles[0].scope.as_ref().unwrap();
     assert_eq!(

@@ -31,6 +31,10 @@ pub const LABEL_COMM: &str = "comm";
 pub const LABEL_THREAD: &str = "thread";
 /// Numeric sample label: the OS thread ID.
 pub const LABEL_THREAD_ID: &str = "thread_id";
+/// String sample label: the container's ID, when the process runs in one.
+pub const LABEL_CONTAINER_ID: &str = "container_id";
+/// String sample label: the Kubernetes pod's UID, when it runs in one.
+pub const LABEL_POD_UID: &str = "pod_uid";
 
 /// Why a pprof profile could not be produced.
 #[derive(Debug, thiserror::Error)]
@@ -157,7 +161,7 @@ impl<'a> Builder<'a> {
                 value[1] = value[1].saturating_add(n.saturating_mul(period));
                 continue;
             }
-            let label = vec![
+            let mut label = vec![
                 Label {
                     key: self.string(LABEL_PID),
                     num: i64::from(pid),
@@ -179,6 +183,18 @@ impl<'a> Builder<'a> {
                     ..Label::default()
                 },
             ];
+            for (key, value) in [
+                (LABEL_CONTAINER_ID, &process.process.container_id),
+                (LABEL_POD_UID, &process.process.k8s_pod_uid),
+            ] {
+                if !value.is_empty() {
+                    label.push(Label {
+                        key: self.string(key),
+                        str: self.string(value),
+                        ..Label::default()
+                    });
+                }
+            }
             self.samples.insert(key, self.profile.sample.len());
             self.profile.sample.push(Sample {
                 location_id: location_ids,

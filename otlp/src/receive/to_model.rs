@@ -120,6 +120,8 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
                 service_name: Arc::from(
                     string_attr(attrs, "service.name").unwrap_or(executable_name),
                 ),
+                container_id: Arc::from(string_attr(attrs, "container.id").unwrap_or("")),
+                k8s_pod_uid: Arc::from(string_attr(attrs, "k8s.pod.uid").unwrap_or("")),
             },
             samples,
         });

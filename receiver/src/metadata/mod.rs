@@ -1,0 +1,4 @@
+//! What icecore knows of a process beyond its executable: its container and
+//! Kubernetes pod, for the OTLP resource and the labels.
+
+pub mod cgroup;
