@@ -176,6 +176,19 @@ fn containers_and_pods_are_named_from_their_cgroups() {
             }
         }
     }
+    // Every fixture is a child of this test (the shell execs the fixture).
+    let parents: std::collections::BTreeSet<Option<i64>> = otlp
+        .iter()
+        .filter(|s| pids.iter().any(|&p| s.pid == Some(i64::from(p))))
+        .map(|s| s.parent_pid)
+        .collect();
+    println!("{TEST}: process.parent_pid of the fixtures: {parents:?}");
+    if parents != [Some(i64::from(std::process::id()))].into() {
+        failures.push(format!(
+            "process.parent_pid {parents:?}, expected this test's pid {}",
+            std::process::id()
+        ));
+    }
     assert!(total(&otlp) > 0, "{TEST}: no OTLP samples");
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
 }

@@ -60,6 +60,8 @@ pub struct DecodedSample {
     pub container_id: Option<String>,
     /// OTLP resource `k8s.pod.uid`, pprof label `pod_uid`.
     pub pod_uid: Option<String>,
+    /// OTLP resource `process.parent_pid` (pprof carries none).
+    pub parent_pid: Option<i64>,
 }
 
 impl DecodedSample {

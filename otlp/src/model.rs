@@ -130,6 +130,8 @@ pub struct ProcessInfo {
     pub container_id: Arc<str>,
     /// The Kubernetes pod it runs in (`k8s.pod.uid`); empty when none.
     pub k8s_pod_uid: Arc<str>,
+    /// The parent process's ID (`process.parent_pid`); 0 when unknown.
+    pub parent_pid: u32,
 }
 
 /// Samples of one stack on one thread within the batch window.

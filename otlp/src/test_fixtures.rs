@@ -127,6 +127,7 @@ pub(crate) fn batch() -> ProfileBatch {
                 process: ProcessInfo {
                     container_id: CONTAINER_ID.into(),
                     k8s_pod_uid: POD_UID.into(),
+                    parent_pid: 1,
                     ..info(100, "app")
                 },
                 samples: vec![

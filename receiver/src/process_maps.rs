@@ -446,6 +446,29 @@ pub fn start_time_and_state(pid: u32) -> Result<(u64, char), ProcessError> {
     Ok((start, state))
 }
 
+/// The process's start time (as [`start_time_ticks`]) and its parent's PID,
+/// from one read of `/proc/<pid>/stat`.
+pub fn start_time_and_parent(pid: u32) -> Result<(u64, u32), ProcessError> {
+    let path = format!("/proc/{pid}/stat");
+    let bytes = read_bounded(pid, &path, MAX_STAT_BYTES)?;
+    let stat = String::from_utf8_lossy(&bytes);
+    Ok((parse_start_time(&stat)?, parse_parent_pid(&stat)?))
+}
+
+/// Extracts the parent's PID (field 4) from the text of a `/proc/<pid>/stat` file.
+pub fn parse_parent_pid(stat: &str) -> Result<u32, ProcessError> {
+    let close = stat.rfind(')').ok_or(ProcessError::Stat {
+        reason: "no ')' after comm",
+    })?;
+    stat[close + 1..]
+        .split_ascii_whitespace()
+        .nth(1)
+        .and_then(|field| field.parse().ok())
+        .ok_or(ProcessError::Stat {
+            reason: "no parent PID",
+        })
+}
+
 /// Extracts the start time (field 22) from the text of a `/proc/<pid>/stat` file.
 ///
 /// The command name (field 2) is in parentheses and may itself contain spaces and
@@ -662,6 +685,12 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         assert_eq!(parse_start_time(stat).unwrap(), 987654);
         assert!(parse_start_time("1234 (no close S 1").is_err());
         assert!(parse_start_time("1234 (short) S 1 2 3").is_err());
+        assert_eq!(parse_parent_pid(stat).unwrap(), 1);
+        assert!(parse_parent_pid("1234 (no parent)").is_err());
+        assert!(parse_parent_pid("1234 (x) S notanumber").is_err());
+        let (start, parent) = start_time_and_parent(std::process::id()).unwrap();
+        assert_eq!(start, ticks);
+        assert_eq!(parent, std::os::unix::process::parent_id());
     }
 
     #[test]

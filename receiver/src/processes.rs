@@ -71,6 +71,7 @@ impl ImageSnapshot {
         };
         let path = process_maps::executable_path(pid).ok();
         let cgroup = crate::metadata::cgroup::read_identity(pid);
+        let stat = process_maps::start_time_and_parent(pid).ok();
         let name: Arc<str> = match &path {
             Some(p) => Arc::from(p.rsplit('/').next().unwrap_or(p.as_str())),
             None => Arc::from(comm),
@@ -83,9 +84,10 @@ impl ImageSnapshot {
                 service_name: name,
                 container_id: Arc::from(cgroup.container_id.as_deref().unwrap_or("")),
                 k8s_pod_uid: Arc::from(cgroup.pod_uid.as_deref().unwrap_or("")),
+                parent_pid: stat.map_or(0, |(_, parent)| parent),
             },
             mappings,
-            start_time: process_maps::start_time_ticks(pid).ok(),
+            start_time: stat.map(|(start, _)| start),
             read_ktime,
         }
     }

@@ -131,6 +131,7 @@ pub fn samples(requests: &[ReceivedRequest]) -> Vec<DecodedSample> {
                 .and_then(|v| v.as_str().map(str::to_string));
             let string = |key: &str| attrs.get(key).and_then(|v| v.as_str().map(str::to_string));
             let (container_id, pod_uid) = (string("container.id"), string("k8s.pod.uid"));
+            let parent_pid = attrs.get("process.parent_pid").and_then(AttrValue::as_int);
             for sp in &rp.scope_profiles {
                 for p in &sp.profiles {
                     for s in &p.samples {
@@ -162,6 +163,7 @@ pub fn samples(requests: &[ReceivedRequest]) -> Vec<DecodedSample> {
                             timestamps: s.timestamps_unix_nano.clone(),
                             container_id: container_id.clone(),
                             pod_uid: pod_uid.clone(),
+                            parent_pid,
                         });
                     }
                 }

@@ -179,6 +179,9 @@ fn resource(
     if !info.executable_path.is_empty() {
         attributes.push(string_kv("process.executable.path", &info.executable_path));
     }
+    if info.parent_pid != 0 {
+        attributes.push(int_kv("process.parent_pid", i64::from(info.parent_pid)));
+    }
     // Only known inside a container or pod: omitted otherwise.
     if !info.container_id.is_empty() {
         attributes.push(string_kv("container.id", &info.container_id));

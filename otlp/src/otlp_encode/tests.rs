@@ -202,8 +202,16 @@ fn profile_shape_resource_and_scope() {
         resource_attr(attrs, "k8s.pod.uid"),
         &Value::StringValue(test_fixtures::POD_UID.into())
     );
+    assert_eq!(
+        resource_attr(attrs, "process.parent_pid"),
+        &Value::IntValue(1)
+    );
     // Outside containers the attributes are left out, not sent empty.
-    let other = &req.resource_profiles[1].resource.as_ref().unwrap().attributes;
+    let other = &req.resource_profiles[1]
+        .resource
+        .as_ref()
+        .unwrap()
+        .attributes;
     assert!(
         !other
             .iter()
