@@ -325,12 +325,26 @@ fn a_runtime_program_the_kernel_rejects_is_off_and_the_rest_runs() {
         spawn_fixture(&python, "split", FIXTURE_SECS / 2),
     )];
     let pid = fixture[0].1.id();
+    // Another runtime beside it: Node.js named through its perf map.
+    let node = support::jit_runtimes::node();
+    if node.is_none() {
+        support::prerequisite(TEST, false, "needs Node.js 20 or newer");
+    }
+    let mut node_child = node.as_ref().map(|node| {
+        support::jit_runtimes::node_command(node, "split", FIXTURE_SECS / 2)
+            .spawn()
+            .expect("start node")
+    });
     sleep(WARM_UP);
     let from = now_unix_nanos();
     let metrics = run
         .icecore
         .metrics_after_next_batch(Duration::from_secs(30));
     wait_all(&mut fixture);
+    if let Some(child) = node_child.as_mut() {
+        let status = child.wait().expect("wait for node");
+        assert!(status.success(), "{TEST}: node failed: {status}");
+    }
     finish(&mut run);
     let logs = run.icecore.logs();
     assert!(
@@ -372,6 +386,26 @@ fn a_runtime_program_the_kernel_rejects_is_off_and_the_rest_runs() {
         pct(eval_loop, n) >= 80.0,
         "{TEST}: native frames unnamed: {eval_loop} of {n} through _PyEval_EvalFrameDefault"
     );
+
+    // The perf-map runtime still names the JavaScript of the Node.js process.
+    if let Some(child) = &node_child {
+        let node_pid = child.id();
+        let received = run.otlp_of(node_pid);
+        let (samples, _) = of_pid_since(&received.samples, node_pid, from);
+        let n = total(&samples);
+        let javascript = count_where(&samples, |s| {
+            s.stack
+                .iter()
+                .any(|f| f.kind.as_deref() == Some("v8js") && f.function == "alpha")
+        });
+        println!(
+            "{TEST}: Node.js beside it: {javascript} of {n} samples through a named v8js alpha"
+        );
+        assert!(
+            n >= 200 && pct(javascript, n) >= 30.0,
+            "{TEST}: Node.js frames unnamed with CPython off: {javascript} of {n}"
+        );
+    }
 }
 
 /// A copy of sid's python3.14 whose `_Py_DebugOffsets` says "free-threaded"
