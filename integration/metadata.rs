@@ -154,9 +154,11 @@ fn containers_and_pods_are_named_from_their_cgroups() {
     let mut failures = Vec::new();
     for ((what, _, container, pod), pid) in cases.iter().zip(&pids) {
         for (sink, samples) in [("OTLP", &otlp), ("pprof", &pprof_samples)] {
+            // The fixture's image: the same pid ran `sh` (outside the
+            // cgroup) until it moved itself and ran `exec`.
             let of_pid: Vec<&DecodedSample> = samples
                 .iter()
-                .filter(|s| s.pid == Some(i64::from(*pid)))
+                .filter(|s| s.pid == Some(i64::from(*pid)) && s.comm.as_deref() == Some("native"))
                 .collect();
             let n: u64 = of_pid.iter().map(|s| s.count).sum();
             let labelled = |s: &DecodedSample| {
