@@ -470,3 +470,127 @@ fn credentials_in_the_endpoint_url_are_sent_and_never_logged() {
         assert_eq!(auth, Some("Basic YWxpY2U6czNjckB0"));
     }
 }
+
+/// `relabel_configs` and `external_labels` from a YAML config: of two
+/// programs running before the agent starts, a `drop` rule removes one and a
+/// `keep` rule every other process on the host, in BPF (their samples never
+/// reach the ring); `replace` and `labelmap` rules and the external label
+/// name the kept one on OTLP (decoded by the official Python bindings) and
+/// on Parca series.
+#[test]
+fn relabeling_names_kept_processes_and_drops_the_rest_in_bpf() {
+    const TEST: &str = "relabeling_names_kept_processes_and_drops_the_rest_in_bpf";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    const RUN: Duration = Duration::from_secs(6);
+    let tmp = support::native::temp_dir();
+    let keep = support::native::compile_native_c(support::native::C_FLAGS, tmp.path(), "keepme");
+    let drop_exe = tmp.path().join("dropme");
+    std::fs::copy(&keep, &drop_exe).unwrap();
+    let kept = support::fixture::Fixture::spawn_args(&keep, &["cycle", "60"]);
+    // Runs (and is killed) with the test.
+    let _dropped = support::fixture::Fixture::spawn_args(&drop_exe, &["cycle", "60"]);
+    let config = tmp.path().join("icecore.yaml");
+    std::fs::write(
+        &config,
+        "relabel_configs:\n\
+         - source_labels: [__meta_process_executable_name]\n\
+         \x20 regex: dropme\n\
+         \x20 action: drop\n\
+         - source_labels: [__meta_process_executable_name]\n\
+         \x20 regex: (keep|drop)me\n\
+         \x20 action: keep\n\
+         - source_labels: [__meta_process_executable_name]\n\
+         \x20 regex: (.*)me\n\
+         \x20 target_label: service_name\n\
+         \x20 replacement: svc-$1\n\
+         - source_labels: [__meta_process_pid]\n\
+         \x20 target_label: worker_pid\n\
+         - action: labelmap\n\
+         \x20 regex: __meta_system_(kernel_machine)\n\
+         \x20 replacement: arch_$1\n\
+         external_labels:\n\
+         \x20 cluster: test-east\n",
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store = parca_store::ParcaStore::default();
+    let port = parca_store::serve(store.clone(), &runtime);
+    let receiver = PythonReceiver::start(tmp.path());
+    let mut args = support::run::system_wide_args(HZ);
+    args.extend([
+        s("--config"),
+        s(config.display()),
+        s("--otlp-endpoint"),
+        format!("http://127.0.0.1:{}", receiver.port),
+        s("--parca-endpoint"),
+        format!("http://127.0.0.1:{port}"),
+    ]);
+    args.extend(duration_args(RUN));
+    let mut icecore = Icecore::spawn(&args, tmp.path());
+    let metrics = icecore.metrics_after_next_batch(RUN);
+    icecore.wait_success(RUN + EXIT_GRACE);
+    let kept_pid = i64::from(kept.pid());
+    let machine = std::env::consts::ARCH;
+
+    let summary = receiver.summary();
+    println!("{TEST}: Python receiver decoded: {summary}");
+    assert_eq!(summary["problems"], serde_json::json!([]));
+    let resources = summary["resources"].as_array().unwrap();
+    assert!(!resources.is_empty(), "{TEST}: no OTLP resources");
+    for resource in resources {
+        assert_eq!(resource["process.pid"], kept_pid, "{TEST}: {resource}");
+        assert_eq!(resource["service.name"], "svc-keep", "{TEST}: {resource}");
+        assert_eq!(
+            resource["worker_pid"],
+            kept_pid.to_string(),
+            "{TEST}: {resource}"
+        );
+        assert_eq!(
+            resource["arch_kernel_machine"], machine,
+            "{TEST}: {resource}"
+        );
+        assert_eq!(resource["cluster"], "test-east", "{TEST}: {resource}");
+        assert!(
+            resource.get("__meta_process_pid").is_none(),
+            "{TEST}: meta labels leak: {resource}"
+        );
+    }
+    let requests = store.requests.lock().unwrap().clone();
+    let mut series = 0;
+    for request in &requests {
+        for series_ in &request.series {
+            series += 1;
+            let labels = &series_.labels.as_ref().unwrap().labels;
+            let label = |name: &str| {
+                labels
+                    .iter()
+                    .find(|l| l.name == name)
+                    .map(|l| l.value.clone())
+            };
+            assert_eq!(label("pid"), Some(kept_pid.to_string()), "{labels:?}");
+            assert_eq!(label("service_name").as_deref(), Some("svc-keep"));
+            assert_eq!(label("worker_pid"), Some(kept_pid.to_string()));
+            assert_eq!(label("arch_kernel_machine").as_deref(), Some(machine));
+            assert_eq!(label("cluster").as_deref(), Some("test-east"));
+        }
+    }
+    let filtered = metrics.bpf_event("filtered_out");
+    let excluded_late = metrics.value("icecore_samples_excluded_total");
+    println!(
+        "{TEST}: {series} Parca series; BPF filtered out {filtered} samples of excluded \
+         processes; {excluded_late} reached user space before their exclusion"
+    );
+    assert!(series >= 1, "{TEST}: no Parca series");
+    // The dropped program alone burns a CPU at HZ for the whole run.
+    assert!(
+        filtered >= u64::from(HZ),
+        "{TEST}: BPF filtered out {filtered} samples, the dropped program alone takes more"
+    );
+    assert_eq!(
+        excluded_late, 0.0,
+        "{TEST}: both programs ran before the start: none of their samples may reach the ring"
+    );
+}

@@ -43,6 +43,24 @@ fn cgroup2_root() -> Option<PathBuf> {
 /// Cgroups made for the test, removed (deepest first) when dropped.
 struct Cgroups(Vec<PathBuf>);
 
+impl Cgroups {
+    /// Creates each of `paths` (and its parents) below `root`.
+    fn make<'a>(root: &Path, paths: impl IntoIterator<Item = &'a str>) -> Cgroups {
+        let mut made = Cgroups(Vec::new());
+        for path in paths {
+            let mut dir = root.to_path_buf();
+            for part in Path::new(path).components() {
+                dir.push(part);
+                if !dir.exists() {
+                    std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+                    made.0.push(dir.clone());
+                }
+            }
+        }
+        made
+    }
+}
+
 impl Drop for Cgroups {
     fn drop(&mut self) {
         for dir in self.0.iter().rev() {
@@ -110,17 +128,7 @@ fn containers_and_pods_are_named_from_their_cgroups() {
         ),
         ("host process", String::new(), None, None),
     ];
-    let mut made = Cgroups(Vec::new());
-    for (_, cgroup, _, _) in &cases {
-        let mut dir = root.clone();
-        for part in Path::new(cgroup).components() {
-            dir.push(part);
-            if !dir.exists() {
-                std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-                made.0.push(dir.clone());
-            }
-        }
-    }
+    let _made = Cgroups::make(&root, cases.iter().map(|(_, cgroup, _, _)| cgroup.as_str()));
     let tmp = temp_dir();
     let exe = compile_native_c(C_FLAGS, tmp.path(), "native");
     let mut run = SystemWideRun::spawn(tmp, HZ, &[]);
@@ -193,4 +201,204 @@ fn containers_and_pods_are_named_from_their_cgroups() {
     }
     assert!(total(&otlp) > 0, "{TEST}: no OTLP samples");
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}
+
+/// A fake Kubernetes API server: answers the pod list with `list` and holds
+/// watches open without events; keeps each request's head.
+struct FakeApiServer {
+    port: u16,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl FakeApiServer {
+    fn start(list: String) -> FakeApiServer {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (list, seen) = (list.clone(), seen.clone());
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut head = String::new();
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                            break;
+                        }
+                        head.push_str(&line);
+                    }
+                    let watch = head
+                        .lines()
+                        .next()
+                        .is_some_and(|l| l.contains("watch=true"));
+                    seen.lock().unwrap().push(head);
+                    let mut stream = stream;
+                    if watch {
+                        let _ = stream.write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                              Transfer-Encoding: chunked\r\n\r\n",
+                        );
+                        // Open, eventless, until the client goes.
+                        std::thread::sleep(Duration::from_secs(120));
+                    } else {
+                        let _ = write!(
+                            stream,
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                             Content-Length: {}\r\nConnection: close\r\n\r\n{list}",
+                            list.len()
+                        );
+                    }
+                });
+            }
+        });
+        FakeApiServer { port, requests }
+    }
+}
+
+/// A process in a containerd pod's cgroup gets its pod's name, namespace,
+/// container and node from the API server (a fake one serving the node's
+/// pod list), and `service.name` as Alloy infers it (`NAMESPACE/CONTAINER`);
+/// with the API server unreachable, its container ID and pod UID still
+/// arrive and the agent keeps running.
+#[test]
+fn pod_names_come_from_the_api_server_and_ids_without_it() {
+    const TEST: &str = "pod_names_come_from_the_api_server_and_ids_without_it";
+    const CONTAINER: &str = "4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c";
+    const POD: &str = "9f3a5e7c-4d6b-4e8f-a0b1-c2d3e4f5a6b7";
+    if !require_root(TEST) {
+        return;
+    }
+    let Some(root) = cgroup2_root() else {
+        prerequisite(TEST, false, "no cgroup v2 hierarchy mounted");
+        return;
+    };
+    let _serial = serial();
+    let cgroup = format!(
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{CONTAINER}.scope",
+        POD.replace('-', "_")
+    );
+    let _made = Cgroups::make(&root, [cgroup.as_str()]);
+    let list = format!(
+        r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"7"}},"items":[
+           {{"metadata":{{"uid":"{POD}","name":"checkout-7f9","namespace":"shop","labels":{{"app":"checkout"}}}},
+             "spec":{{"nodeName":"test-node"}},
+             "status":{{"containerStatuses":[{{"name":"app","containerID":"containerd://{CONTAINER}"}}]}}}}]}}"#
+    );
+    let api = FakeApiServer::start(list);
+    let unreachable = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+
+    for (what, port, named) in [("API up", api.port, true), ("API down", unreachable, false)] {
+        let tmp = temp_dir();
+        let exe = compile_native_c(C_FLAGS, tmp.path(), "native");
+        let token = tmp.path().join("token");
+        std::fs::write(&token, "pod-reader-token\n").unwrap();
+        let args = [
+            "--kubernetes-api".to_owned(),
+            format!("http://127.0.0.1:{port}"),
+            "--node-name".to_owned(),
+            "test-node".to_owned(),
+            "--kubernetes-token-file".to_owned(),
+            token.display().to_string(),
+        ];
+        let mut run = SystemWideRun::spawn(tmp, HZ, &args);
+        let mut child = spawn_in(&root.join(&cgroup), &exe);
+        std::thread::sleep(Duration::from_secs(4));
+        let _ = run
+            .icecore
+            .metrics_after_next_batch(Duration::from_secs(30));
+        run.icecore.stop();
+        let pid = child.id();
+        let _ = child.kill();
+        let _ = child.wait();
+        let logs = run.icecore.output();
+        let otlp = run.otlp_of(pid).samples;
+        let pprof_samples = pprof::all_samples(&pprof::decode_dir(&run.pprof_dir));
+        let of_fixture = |samples: &[DecodedSample]| -> Vec<DecodedSample> {
+            samples
+                .iter()
+                .filter(|s| s.pid == Some(i64::from(pid)) && s.comm.as_deref() == Some("native"))
+                .cloned()
+                .collect()
+        };
+        let (otlp, pprof_samples) = (of_fixture(&otlp), of_fixture(&pprof_samples));
+        println!(
+            "{TEST}: {what}: {} OTLP and {} pprof samples of the fixture; OTLP resource {:?}",
+            total(&otlp),
+            total(&pprof_samples),
+            otlp.first().map(|s| &s.labels)
+        );
+        assert!(
+            total(&otlp) > 0 && total(&pprof_samples) > 0,
+            "{TEST}: {what}: no samples\n{logs}"
+        );
+        for s in &otlp {
+            let attr = |k: &str| s.labels.get(k).map(String::as_str);
+            assert_eq!(s.container_id.as_deref(), Some(CONTAINER), "{TEST}: {what}");
+            assert_eq!(s.pod_uid.as_deref(), Some(POD), "{TEST}: {what}");
+            if named {
+                assert_eq!(
+                    attr("k8s.pod.name"),
+                    Some("checkout-7f9"),
+                    "{TEST}: {what}: {:?}",
+                    s.labels
+                );
+                assert_eq!(attr("k8s.namespace.name"), Some("shop"), "{TEST}: {what}");
+                assert_eq!(attr("k8s.container.name"), Some("app"), "{TEST}: {what}");
+                assert_eq!(attr("k8s.node.name"), Some("test-node"), "{TEST}: {what}");
+                assert_eq!(attr("service.name"), Some("shop/app"), "{TEST}: {what}");
+            } else {
+                assert_eq!(attr("k8s.pod.name"), None, "{TEST}: {what}");
+                assert_eq!(attr("service.name"), Some("native"), "{TEST}: {what}");
+            }
+        }
+        for s in &pprof_samples {
+            let label = |k: &str| s.labels.get(k).map(String::as_str);
+            if named {
+                assert_eq!(
+                    label("pod"),
+                    Some("checkout-7f9"),
+                    "{TEST}: {what}: {:?}",
+                    s.labels
+                );
+                assert_eq!(label("namespace"), Some("shop"), "{TEST}: {what}");
+                assert_eq!(label("container"), Some("app"), "{TEST}: {what}");
+            } else {
+                assert_eq!(label("pod"), None, "{TEST}: {what}");
+            }
+        }
+        if !named {
+            assert!(
+                logs.contains("Kubernetes pods:"),
+                "{TEST}: {what}: no warning about the unreachable API server\n{logs}"
+            );
+        }
+    }
+    let requests = api.requests.lock().unwrap().clone();
+    println!("{TEST}: the API server got {} requests", requests.len());
+    let list = requests
+        .iter()
+        .find(|r| !r.contains("watch=true"))
+        .expect("a pod list request");
+    assert!(
+        list.starts_with("GET /api/v1/pods?fieldSelector=spec.nodeName%3Dtest-node "),
+        "{TEST}: {list}"
+    );
+    assert!(
+        list.to_ascii_lowercase()
+            .contains("authorization: bearer pod-reader-token"),
+        "{TEST}: no bearer token: {list}"
+    );
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.contains("watch=true") && r.contains("resourceVersion=7")),
+        "{TEST}: no watch from the list's version: {requests:?}"
+    );
 }

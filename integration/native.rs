@@ -515,14 +515,18 @@ fn process_started_after_the_agent_is_unwound() {
 /// first (no warm-up excluded), reach `main`. The running ones are
 /// described before sampling starts, the new ones at their exec.
 ///
-/// A new process's samples taken before its file's unwind table is built
-/// (about 45 ms after its exec here) still stop early: they are not yet
-/// kept to be unwound later nor dropped, hence the lower bar for them.
+/// A new process's samples taken before BPF knows it, or before its file's
+/// unwind table is built (tens of milliseconds after its exec), are dropped
+/// and counted rather than reported cut short: the test bounds how many.
 #[test]
 fn samples_are_complete_from_the_first() {
     const TEST: &str = "samples_are_complete_from_the_first";
     const MIN_COMPLETE_PCT: f64 = 99.0;
-    const MIN_COMPLETE_EXECED_PCT: f64 = 97.0;
+    const MIN_COMPLETE_EXECED_PCT: f64 = 99.0;
+    // Samples dropped for want of a process's mappings or a file's table,
+    // as a share of those emitted: the first tens of milliseconds of two
+    // new processes (and of the test's own helpers) out of five seconds.
+    const MAX_DROPPED_PCT: f64 = 5.0;
     if !require_root(TEST) {
         return;
     }
@@ -612,6 +616,19 @@ fn samples_are_complete_from_the_first() {
                 min_samples()
             ));
         }
+    }
+    let dropped = at_end.bpf_event("unknown_process") + at_end.bpf_event("unwind_table_pending");
+    let emitted = at_end.bpf_event("emitted");
+    let dropped_pct = pct(dropped, dropped + emitted);
+    println!(
+        "{TEST}: {dropped} samples dropped before their process or file was ready \
+         ({dropped_pct:.2}% of {} taken)",
+        dropped + emitted
+    );
+    if dropped_pct > MAX_DROPPED_PCT {
+        failures.push(format!(
+            "{dropped_pct:.2}% of samples dropped as not ready, at most {MAX_DROPPED_PCT}% expected"
+        ));
     }
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
 }

@@ -320,7 +320,7 @@ fn render(stats: &ProfilerStats) -> String {
         );
     }
     let native = &stats.native;
-    let scalars: [(&str, &str, &str, f64); 18] = [
+    let scalars: [(&str, &str, &str, f64); 19] = [
         (
             "icecore_execs_total",
             "counter",
@@ -350,6 +350,12 @@ fn render(stats: &ProfilerStats) -> String {
             "counter",
             "Samples dropped at the per-interval limit.",
             stats.samples_dropped as f64,
+        ),
+        (
+            "icecore_samples_excluded_total",
+            "counter",
+            "Samples of processes relabeling excluded, taken before BPF skipped them.",
+            stats.samples_excluded as f64,
         ),
         (
             "icecore_malformed_records_total",

@@ -5,6 +5,7 @@
 
 mod allocator;
 mod http;
+mod labeler;
 mod otlp_listen;
 mod pull;
 mod serve;
@@ -96,6 +97,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .retain(|name| config.runtimes.iter().any(|enabled| enabled == name));
     let mut options = ProfilerOptions::new(sampler, config.reporter_interval);
     options.symbolizer.max_debug_bytes = config.debug_info_memory_bytes;
+    if !config.relabel_configs.is_empty() {
+        options.labeler = Some(Arc::new(labeler::Relabeler::new(
+            config.relabel_configs.clone(),
+        )));
+    }
+    options.kubernetes = kubernetes_options(&config);
     let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;
     let mut receiver = None;
     let received = match otlp_listener {
@@ -174,4 +181,35 @@ async fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Where to read this node's pods: the configured API server, else the
+/// service account's when running in a pod, else nowhere.
+fn kubernetes_options(
+    config: &Config,
+) -> Option<icecore_receiver::metadata::kubernetes::KubernetesOptions> {
+    use icecore_config::KubernetesApi;
+    use icecore_receiver::metadata::kubernetes::KubernetesOptions;
+    let node_name = config
+        .node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
+        .unwrap_or_else(icecore_receiver::host::host_name);
+    let mut options = match &config.kubernetes_api {
+        Some(KubernetesApi::Off) => return None,
+        Some(KubernetesApi::Url(api)) => KubernetesOptions {
+            api: api.clone(),
+            node_name,
+            token_file: None,
+            ca_file: None,
+        },
+        None => KubernetesOptions::in_cluster(node_name)?,
+    };
+    if let Some(file) = &config.kubernetes_token_file {
+        options.token_file = Some(file.clone());
+    }
+    if let Some(file) = &config.kubernetes_ca_file {
+        options.ca_file = Some(file.clone());
+    }
+    Some(options)
 }

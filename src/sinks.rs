@@ -32,6 +32,8 @@ pub struct Sinks {
     pprof: Option<Arc<PprofDirWriter>>,
     pprof_is_default: bool,
     pull: Arc<PullHub>,
+    /// `--external-label`s, added to every process of every batch.
+    external_labels: Vec<(Arc<str>, Arc<str>)>,
 }
 
 /// What the sinks did over the run.
@@ -195,6 +197,11 @@ impl Sinks {
             None => None,
         };
         Ok(Sinks {
+            external_labels: config
+                .external_labels
+                .iter()
+                .map(|(name, value)| (Arc::from(name.as_str()), Arc::from(value.as_str())))
+                .collect(),
             otlp,
             parca,
             pull: Arc::new(PullHub::new(config.reporter_interval)),
@@ -264,7 +271,8 @@ impl Sinks {
             // Local batches until the source stops; received OTLP meanwhile.
             tokio::select! {
                 batch = batches.recv() => match batch {
-                    Some(batch) => {
+                    Some(mut batch) => {
+                        self.label(&mut batch);
                         if let Some(otlp) = &self.otlp {
                             // Queued; the pipeline sends, retries and counts.
                             otlp.submit(&batch);
@@ -319,7 +327,19 @@ impl Sinks {
     }
 
     /// Hands a batch of the model to Parca, the pulls and the pprof directory.
-    async fn deliver(&self, batch: ProfileBatch, report: &mut SinkReport) {
+    /// Adds the external labels to every process of `batch` that lacks one.
+    /// (Received OTLP forwarded to OTLP keeps the sender's resources as sent.)
+    fn label(&self, batch: &mut ProfileBatch) {
+        if self.external_labels.is_empty() {
+            return;
+        }
+        for process in &mut batch.processes {
+            process.process.add_missing_labels(&self.external_labels);
+        }
+    }
+
+    async fn deliver(&self, mut batch: ProfileBatch, report: &mut SinkReport) {
+        self.label(&mut batch);
         if let Some(parca) = &self.parca {
             parca.submit(&batch);
         }

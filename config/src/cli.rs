@@ -26,6 +26,26 @@ pub(crate) struct Cli {
     #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
     otlp_headers: Vec<String>,
 
+    /// Kubernetes API server to read this node's pods from (their names and labels), or `off` [default: in a pod, the service account's API server]
+    #[arg(long, value_name = "URL")]
+    kubernetes_api: Option<String>,
+
+    /// This node's name, whose pods are read [default: NODE_NAME, else the host name]
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+
+    /// File holding the bearer token for the Kubernetes API [default: the service account's]
+    #[arg(long, value_name = "FILE")]
+    kubernetes_token_file: Option<String>,
+
+    /// PEM file of the CA that signs the Kubernetes API server's certificate [default: the service account's]
+    #[arg(long, value_name = "FILE")]
+    kubernetes_ca_file: Option<String>,
+
+    /// Label added to every profile (OTLP resource attribute, Parca and pprof label), NAME=VALUE; repeat for more [default: none]
+    #[arg(long = "external-label", value_name = "NAME=VALUE")]
+    external_labels: Vec<String>,
+
     /// File holding a bearer token sent as `authorization: Bearer TOKEN` [default: ICECORE_OTLP_BEARER_TOKEN, else none]
     #[arg(long, value_name = "FILE")]
     otlp_bearer_token_file: Option<String>,
@@ -173,6 +193,18 @@ impl Cli {
                 .collect();
             Some(checked?)
         };
+        let external_labels = if self.external_labels.is_empty() {
+            None
+        } else {
+            let checked: Result<Vec<(String, String)>, ConfigError> = self
+                .external_labels
+                .iter()
+                .map(|l| {
+                    validate::external_label(l).map_err(|e| invalid_flag("external-label", l, &e))
+                })
+                .collect();
+            Some(checked?)
+        };
         let otlp_bearer_token = check(
             "otlp-bearer-token-file",
             self.otlp_bearer_token_file.as_deref(),
@@ -296,6 +328,25 @@ impl Cli {
             otlp_insecure_skip_verify: self.otlp_insecure_skip_verify.then_some(true),
             service_name,
             resource_attributes: None,
+            external_labels,
+            // Rules are long: only the config file holds them.
+            relabel_configs: None,
+            kubernetes_api: check(
+                "kubernetes-api",
+                self.kubernetes_api.as_deref(),
+                validate::kubernetes_api,
+            )?,
+            node_name: check("node-name", self.node_name.as_deref(), validate::node_name)?,
+            kubernetes_token_file: check(
+                "kubernetes-token-file",
+                self.kubernetes_token_file.as_deref(),
+                export::token_file,
+            )?,
+            kubernetes_ca_file: check(
+                "kubernetes-ca-file",
+                self.kubernetes_ca_file.as_deref(),
+                export::pem_file,
+            )?,
             otlp_listen,
             otlp_listen_bearer_token_file,
             otlp_listen_memory_bytes,

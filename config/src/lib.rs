@@ -23,6 +23,7 @@ mod cli;
 mod env;
 mod export;
 mod file;
+pub mod relabel;
 mod validate;
 
 use std::ffi::OsString;
@@ -65,6 +66,15 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 /// has exactly these).
 pub const RUNTIME_NAMES: [&str; 2] = ["cpython", "perf-map"];
 
+/// Where the node's pods are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubernetesApi {
+    /// Not at all (`off`).
+    Off,
+    /// This API server (`https://HOST:PORT`, or `http://` for a proxy).
+    Url(String),
+}
+
 /// An OTLP gRPC collector to export profiles to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtlpEndpoint {
@@ -97,6 +107,22 @@ pub struct Config {
     pub service_name: Option<String>,
     /// Attributes added to every exported resource.
     pub resource_attributes: Vec<(String, String)>,
+    /// Labels added to every profile (OTLP resource attributes, Parca and
+    /// pprof labels) where it has no label of that name: `--external-label`.
+    pub external_labels: Vec<(String, String)>,
+    /// Prometheus relabeling of each process's `__meta_*` labels: which
+    /// processes are profiled, and their labels.
+    pub relabel_configs: relabel::RelabelRules,
+    /// Where to read this node's pods: `None` to find out (the service
+    /// account's API server when running in a pod).
+    pub kubernetes_api: Option<KubernetesApi>,
+    /// The node whose pods are read: `--node-name`, else `NODE_NAME`, else
+    /// the host name (resolved by the agent).
+    pub node_name: Option<String>,
+    /// Bearer token file for the Kubernetes API.
+    pub kubernetes_token_file: Option<PathBuf>,
+    /// CA file of the Kubernetes API server's certificate.
+    pub kubernetes_ca_file: Option<PathBuf>,
     /// A Parca server to push pprof to with `WriteRaw`, if any.
     pub parca: Option<OtlpEndpoint>,
     /// Bearer token file for the Parca server, if any.
@@ -239,6 +265,12 @@ pub(crate) struct Settings {
     pub otlp_insecure_skip_verify: Option<bool>,
     pub service_name: Option<String>,
     pub resource_attributes: Option<Vec<(String, String)>>,
+    pub external_labels: Option<Vec<(String, String)>>,
+    pub relabel_configs: Option<relabel::RelabelRules>,
+    pub kubernetes_api: Option<KubernetesApi>,
+    pub node_name: Option<String>,
+    pub kubernetes_token_file: Option<PathBuf>,
+    pub kubernetes_ca_file: Option<PathBuf>,
     pub otlp_listen: Option<SocketAddr>,
     pub otlp_listen_bearer_token_file: Option<PathBuf>,
     pub otlp_listen_memory_bytes: Option<u64>,
@@ -274,6 +306,12 @@ impl Settings {
                 .or(lower.otlp_insecure_skip_verify),
             service_name: self.service_name.or(lower.service_name),
             resource_attributes: self.resource_attributes.or(lower.resource_attributes),
+            external_labels: self.external_labels.or(lower.external_labels),
+            relabel_configs: self.relabel_configs.or(lower.relabel_configs),
+            kubernetes_api: self.kubernetes_api.or(lower.kubernetes_api),
+            node_name: self.node_name.or(lower.node_name),
+            kubernetes_token_file: self.kubernetes_token_file.or(lower.kubernetes_token_file),
+            kubernetes_ca_file: self.kubernetes_ca_file.or(lower.kubernetes_ca_file),
             otlp_listen: self.otlp_listen.or(lower.otlp_listen),
             parca: self.parca.or(lower.parca),
             parca_bearer_token_file: self
@@ -324,6 +362,12 @@ impl Settings {
             },
             service_name: self.service_name,
             resource_attributes: self.resource_attributes.unwrap_or_default(),
+            external_labels: self.external_labels.unwrap_or_default(),
+            relabel_configs: self.relabel_configs.unwrap_or_default(),
+            kubernetes_api: self.kubernetes_api,
+            node_name: self.node_name,
+            kubernetes_token_file: self.kubernetes_token_file,
+            kubernetes_ca_file: self.kubernetes_ca_file,
             otlp_listen: self.otlp_listen,
             parca: self.parca,
             parca_bearer_token_file: self.parca_bearer_token_file,

@@ -435,6 +435,83 @@ pub(crate) fn log_level(text: &str) -> Result<String, Invalid> {
     Ok(trimmed.to_owned())
 }
 
+/// The form of `--external-label`.
+pub(crate) const EXPECTED_EXTERNAL_LABEL: &str =
+    "NAME=VALUE, NAME a Prometheus label name (letters, digits, _) not starting with __ or a digit";
+
+/// One external label as `NAME=VALUE`.
+pub(crate) fn external_label(text: &str) -> Result<(String, String), Invalid> {
+    let Some((name, value)) = text.split_once('=') else {
+        return Err(Invalid::because(EXPECTED_EXTERNAL_LABEL, "there is no '='"));
+    };
+    external_label_pair(name.trim(), value.trim())
+}
+
+/// One external label's name and value.
+pub(crate) fn external_label_pair(name: &str, value: &str) -> Result<(String, String), Invalid> {
+    if !crate::relabel::is_label_name(name) || name.starts_with("__") {
+        return Err(Invalid::because(
+            EXPECTED_EXTERNAL_LABEL,
+            format!("{name:?} is not such a name"),
+        ));
+    }
+    if value.is_empty() {
+        return Err(Invalid::because(
+            EXPECTED_EXTERNAL_LABEL,
+            "the value is empty",
+        ));
+    }
+    Ok((name.to_owned(), value.to_owned()))
+}
+
+/// The form of `--kubernetes-api`.
+pub(crate) const EXPECTED_KUBERNETES_API: &str =
+    "https://HOST:PORT (or http:// for a local proxy), or `off`";
+
+/// Parses `--kubernetes-api`.
+pub(crate) fn kubernetes_api(text: &str) -> Result<crate::KubernetesApi, Invalid> {
+    let text = text.trim();
+    if text == "off" {
+        return Ok(crate::KubernetesApi::Off);
+    }
+    let rest = text
+        .strip_prefix("https://")
+        .or_else(|| text.strip_prefix("http://"))
+        .ok_or_else(|| Invalid::new(EXPECTED_KUBERNETES_API))?;
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.is_empty()
+        || authority.contains(['/', '?', '#', '@'])
+        || authority.contains(char::is_whitespace)
+    {
+        return Err(Invalid::because(
+            EXPECTED_KUBERNETES_API,
+            "HOST:PORT only, without a path or credentials",
+        ));
+    }
+    Ok(crate::KubernetesApi::Url(
+        text.trim_end_matches('/').to_owned(),
+    ))
+}
+
+/// The form of `--node-name`.
+pub(crate) const EXPECTED_NODE_NAME: &str =
+    "a Kubernetes node name (a DNS name, at most 253 characters)";
+
+/// Checks `--node-name`.
+pub(crate) fn node_name(text: &str) -> Result<String, Invalid> {
+    let name = text.trim();
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if ok {
+        Ok(name.to_owned())
+    } else {
+        Err(Invalid::new(EXPECTED_NODE_NAME))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

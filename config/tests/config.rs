@@ -115,6 +115,23 @@ fn each_flag() {
         100_000
     );
     assert_eq!(ok(&["--log-level", "trace"]).log_level, "trace");
+    let labels = ok(&[
+        "--external-label",
+        "cluster=east",
+        "--external-label",
+        "zone = b",
+    ])
+    .external_labels;
+    assert_eq!(
+        labels,
+        vec![
+            ("cluster".to_owned(), "east".to_owned()),
+            ("zone".to_owned(), "b".to_owned())
+        ]
+    );
+    let bad = err(&["--external-label", "no-equals"]);
+    assert!(bad.contains("--external-label"), "{bad}");
+    assert!(err(&["--external-label", "9x=1"]).contains("is not such a name"));
 }
 
 #[test]

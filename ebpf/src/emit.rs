@@ -4,10 +4,7 @@ use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::generated::bpf_ringbuf_output,
 };
-use icecore_unwinders::{
-    Counter, SampleRecord, UnwindScratch,
-    sample::{MAX_FRAMES, flags as sample_flags},
-};
+use icecore_unwinders::{Counter, SampleRecord, UnwindScratch, sample::MAX_FRAMES};
 
 use crate::maps::{SAMPLE_RINGS, count, count_n};
 
@@ -21,11 +18,6 @@ static WAKEUP_BYTES: u64 = 256 * 1024;
 /// is a helper call, and the threshold is a quarter of a ring that holds a
 /// second of samples, so a few records more before a wakeup are harmless.
 const QUERY_EVERY: u16 = 8;
-/// A CPU wakes the reader for a sample of an undescribed process at most
-/// once per this many 2^20 ns (about 8 ms): the first sample of a new
-/// process is what matters, and a process that cannot be described must not
-/// wake the reader on every sample.
-const UNDESCRIBED_WAKEUP_EVERY: u16 = 8;
 
 #[inline(always)]
 pub fn emit(scratch: &mut UnwindScratch) {
@@ -51,15 +43,6 @@ pub fn emit(scratch: &mut UnwindScratch) {
     };
     let ring = core::ptr::from_ref(ring).cast_mut().cast();
     let mut flags = BPF_RB_NO_WAKEUP;
-    if header.flags & sample_flags::PROCESS_UNDESCRIBED != 0 {
-        // The reader reads a new process's maps while it runs: a process
-        // living milliseconds would be gone by the next poll.
-        let now = (header.ktime_ns >> 20) as u16;
-        if now.wrapping_sub(scratch.state.undescribed_wakeup) >= UNDESCRIBED_WAKEUP_EVERY {
-            scratch.state.undescribed_wakeup = now;
-            flags = BPF_RB_FORCE_WAKEUP;
-        }
-    }
     scratch.state.samples_since_query = scratch.state.samples_since_query.wrapping_add(1);
     if scratch.state.samples_since_query >= QUERY_EVERY {
         scratch.state.samples_since_query = 0;

@@ -5,14 +5,17 @@ use aya_ebpf::{
     bindings::{BPF_F_INNER_MAP, BPF_F_MMAPABLE},
     btf_maps::{Array, ArrayOfMaps, RingBuf as BtfRingBuf},
     macros::{btf_map, map},
-    maps::{HashMap, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array as LegacyArray, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use icecore_unwinders::{
     COUNTER_COUNT, Counter, MAX_TAIL_CALLS, ProgramIndex, UnwindScratch, UnwindState,
-    native::{ProcessMappingTable, UnwindChunk, mappings::PROCESS_SLOTS_MAX},
+    native::{
+        ProcessMappingTable, UnwindChunk,
+        mappings::{PROCESS_PAGES, PROCESS_SLOTS_MAX, PROCESS_TABLES_PER_PAGE},
+    },
     programs::PROGRAM_COUNT,
     python::{PYTHON_PROCESSES_MAX, PythonProcess},
-    sample::MAX_CPUS,
+    sample::{EXCLUDED_PIDS_MAX, MAX_CPUS},
 };
 
 /// Flags of every unwind table: user space fills them through mmap, and each
@@ -26,13 +29,20 @@ pub const UNWIND_TABLE_FLAGS: usize = (BPF_F_MMAPABLE | BPF_F_INNER_MAP) as usiz
 pub static UNWIND_TABLES: ArrayOfMaps<Array<UnwindChunk, 1, UNWIND_TABLE_FLAGS>, 4096> =
     ArrayOfMaps::new();
 
+/// Flags of every page of process tables: user space writes the tables in
+/// place through mmap.
+pub const PROCESS_PAGE_FLAGS: usize = BPF_F_MMAPABLE as usize;
+
 /// The executable mappings of each known process, at the slot user space
-/// chose for it (found through `PROCESS_SLOTS`): a one-element array holding
-/// its table. The outer array holds pointers, so each described process
-/// costs one inner array, and a lookup by slot is inlined by the kernel.
+/// chose for it (found through `PROCESS_SLOTS`), in pages of
+/// `PROCESS_TABLES_PER_PAGE` tables: the outer array holds pointers, so
+/// memory grows a page at a time with the processes described, and a lookup
+/// by slot is two array lookups the kernel inlines.
 #[btf_map]
-pub static PROCESS_MAPPINGS: ArrayOfMaps<Array<ProcessMappingTable, 1, 0>, PROCESS_SLOTS_MAX> =
-    ArrayOfMaps::new();
+pub static PROCESS_MAPPINGS: ArrayOfMaps<
+    Array<ProcessMappingTable, PROCESS_TABLES_PER_PAGE, PROCESS_PAGE_FLAGS>,
+    PROCESS_PAGES,
+> = ArrayOfMaps::new();
 
 /// pid → slot of its table in `PROCESS_MAPPINGS`. Preallocated, as perf-event
 /// programs require before Linux 6.1.
@@ -45,6 +55,11 @@ pub static PROCESS_SLOTS: HashMap<u32, u32> =
 #[map]
 pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
     HashMap::with_max_entries(PYTHON_PROCESSES_MAX, 0);
+
+/// One `unknown_process` policy value, set by user space once it describes
+/// processes to BPF.
+#[map]
+pub static UNKNOWN_PROCESS_POLICY: LegacyArray<u32> = LegacyArray::with_max_entries(1, 0);
 
 /// Tail-call targets, indexed by `ProgramIndex`.
 #[map]
@@ -78,13 +93,48 @@ pub static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 #[unsafe(no_mangle)]
 static FILTER_BY_PID: u8 = 0;
 
-/// Whether `pid` is sampled: every process, or those of `PID_FILTER`.
+/// Processes user space decided not to profile (a relabeling rule dropped
+/// them): their samples end in the entry program. An exec removes the entry
+/// (the new image is judged anew), as does the process's exit.
+#[map]
+pub static EXCLUDED_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(EXCLUDED_PIDS_MAX, 0);
+
+/// Non-zero when `EXCLUDED_PIDS` may hold processes. Set at load time, so
+/// that hosts without exclusions pay no lookup per sample.
+#[unsafe(no_mangle)]
+static EXCLUDE_PIDS: u8 = 0;
+
+/// Whether `pid` is within the `--pid` filter: every process without one.
 #[inline(always)]
-pub fn is_profiled(pid: u32) -> bool {
+pub fn in_pid_filter(pid: u32) -> bool {
     // SAFETY: a plain load of a load-time constant.
     let filter = unsafe { core::ptr::read_volatile(&FILTER_BY_PID) };
     // SAFETY: the value is only tested for presence.
     filter == 0 || unsafe { PID_FILTER.get(pid) }.is_some()
+}
+
+/// Whether user space excluded `pid` from profiling.
+#[inline(always)]
+pub fn is_excluded(pid: u32) -> bool {
+    // SAFETY: a plain load of a load-time constant.
+    let exclude = unsafe { core::ptr::read_volatile(&EXCLUDE_PIDS) };
+    // SAFETY: the value is only tested for presence.
+    exclude != 0 && unsafe { EXCLUDED_PIDS.get(pid) }.is_some()
+}
+
+/// Forgets an exclusion: the pid's image changed or it exited.
+#[inline(always)]
+pub fn forget_exclusion(pid: u32) {
+    // SAFETY: a plain load of a load-time constant.
+    if unsafe { core::ptr::read_volatile(&EXCLUDE_PIDS) } != 0 {
+        let _ = EXCLUDED_PIDS.remove(pid);
+    }
+}
+
+/// Whether `pid` is sampled: within the `--pid` filter and not excluded.
+#[inline(always)]
+pub fn is_profiled(pid: u32) -> bool {
+    in_pid_filter(pid) && !is_excluded(pid)
 }
 
 /// Continues the sample in `program` if its tail-call budget allows. Returns

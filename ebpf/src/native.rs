@@ -1,6 +1,9 @@
 //! The native user-stack unwinder program: DWARF CFI where an unwind table
-//! covers the PC, frame pointers elsewhere (JIT code, files without tables,
-//! processes user space has not described yet).
+//! covers the PC, frame pointers elsewhere (JIT code, files without tables).
+//! Samples of processes user space has not described yet (while it
+//! describes processes), and samples that reach a file whose table is still
+//! being built, are dropped and counted: walked with frame pointers they
+//! would look complete and not be.
 
 use core::ffi::c_void;
 
@@ -14,13 +17,16 @@ use icecore_unwinders::{
     memory::{STACK_WINDOW_BYTES, STACK_WINDOW_WORDS},
     native::{
         MappingEntry, ProcessMappingTable, ProcessSlotCache, ProcessSlotEntry, RowCache,
-        dwarf_step, find_row, frame_pointer_step,
+        dwarf_step, find_row, frame_pointer_step, mappings::PROCESS_TABLES_PER_PAGE,
     },
-    runtime::{USER_ADDRESS_END, after_native_walk, resume},
+    runtime::{USER_ADDRESS_END, after_native_walk, resume, unknown_process},
     sample::{MAX_FRAMES, MAX_USER_FRAMES, flags},
 };
 
-use crate::maps::{PROCESS_MAPPINGS, PROCESS_SLOTS, SCRATCH, UNWIND_TABLES, continue_in, count};
+use crate::maps::{
+    PROCESS_MAPPINGS, PROCESS_SLOTS, SCRATCH, UNKNOWN_PROCESS_POLICY, UNWIND_TABLES, continue_in,
+    count,
+};
 
 /// Frames walked per program run; tail calls continue. Each frame costs the
 /// verifier about 4,400 instructions (the searches have fixed probe counts),
@@ -103,35 +109,58 @@ fn zero(mappings: &ProcessMappingTable) -> u32 {
     unsafe { core::ptr::read_volatile(&mappings.reserved) }
 }
 
-/// The mapping table of `pid`: through this CPU's slot cache when it
-/// remembers the pid and the slot still holds that pid's table, through the
-/// `PROCESS_SLOTS` hash otherwise.
+/// The mapping table of `pid` and its `seq`: through this CPU's slot cache
+/// when it remembers the pid and the slot still holds that pid's table,
+/// through the `PROCESS_SLOTS` hash otherwise. `None` while user space
+/// writes the table.
 #[inline(always)]
 fn process_mappings(
     cache: &mut ProcessSlotCache,
     pid: u32,
-) -> Option<&'static ProcessMappingTable> {
+) -> Option<(&'static ProcessMappingTable, u32)> {
     let cached = cache.entry_mut(pid);
-    if cached.pid == pid
+    let table = if cached.pid == pid
         && let Some(table) = table_at(cached.slot)
         && table.pid == pid
     {
-        return Some(table);
-    }
-    // SAFETY: a plain value read.
-    let slot = *unsafe { PROCESS_SLOTS.get(pid) }?;
-    let table = table_at(slot)?;
-    if table.pid != pid {
-        return None;
-    }
-    *cached = ProcessSlotEntry { pid, slot };
-    Some(table)
+        table
+    } else {
+        // SAFETY: a plain value read.
+        let slot = *unsafe { PROCESS_SLOTS.get(pid) }?;
+        let table = table_at(slot)?;
+        if table.pid != pid {
+            return None;
+        }
+        *cached = ProcessSlotEntry { pid, slot };
+        table
+    };
+    let seq = table_seq(table);
+    (!ProcessMappingTable::being_written(seq)).then_some((table, seq))
+}
+
+/// The table's sequence lock, loaded afresh.
+#[inline(always)]
+fn table_seq(table: &ProcessMappingTable) -> u32 {
+    // SAFETY: a load of a plain integer in the map value, which user space
+    // writes concurrently (hence volatile).
+    unsafe { core::ptr::read_volatile(&table.seq) }
+}
+
+/// Whether samples of processes without a mapping table are dropped: only
+/// while user space describes processes (with DWARF unwinding off, every
+/// process is walked with frame pointers).
+#[inline(always)]
+fn drops_unknown_processes() -> bool {
+    UNKNOWN_PROCESS_POLICY
+        .get(0)
+        .is_some_and(|policy| *policy == unknown_process::DROP)
 }
 
 #[inline(always)]
 fn table_at(slot: u32) -> Option<&'static ProcessMappingTable> {
-    // Only read; user space replaces a process's inner map whole.
-    PROCESS_MAPPINGS.get_value(slot, &0)
+    let page = slot / PROCESS_TABLES_PER_PAGE as u32;
+    let index = slot % PROCESS_TABLES_PER_PAGE as u32;
+    PROCESS_MAPPINGS.get_value(page, &index)
 }
 
 /// The native walk. `RESUMABLE` builds [`ProgramIndex::NativeResumed`],
@@ -147,16 +176,30 @@ pub fn unwind<const RESUMABLE: bool>(ctx: &PerfEventContext) -> u32 {
     // SAFETY: per-CPU value owned by this CPU's tail-call chain.
     let scratch = unsafe { &mut *scratch };
     let pid = scratch.record.header.pid;
-    let mappings = process_mappings(&mut scratch.processes, pid);
-    if mappings.is_none() && scratch.state.tail_calls == 0 {
+    let found = process_mappings(&mut scratch.processes, pid);
+    if let Some((_, seq)) = found {
+        if scratch.state.tail_calls == 0 {
+            scratch.state.table_seq = seq as u16;
+        } else if scratch.state.table_seq != seq as u16 {
+            count(Counter::ProcessTableChanged);
+            return 0;
+        }
+    }
+    let mappings = found.map(|(table, _)| table);
+    if mappings.is_none() && drops_unknown_processes() {
+        // Without the process's mappings the walk could only follow frame
+        // pointers, and a stack cut short would pass for a complete one.
         count(Counter::UnknownProcess);
-        scratch.record.header.flags |= flags::PROCESS_UNDESCRIBED;
+        let ktime_ns = scratch.record.header.ktime_ns;
+        crate::lifecycle::report_unknown(pid, ktime_ns, &mut scratch.state.unknown_reported);
+        return 0;
     }
     let mut memory = WindowedReader::new(&mut scratch.stack, UserMemory);
     let mut finished = false;
     let mut complete = false;
     // A runtime program that takes over at the current frame.
     let mut handover = 0u32;
+    let mut table_pending = false;
     for _ in 0..FRAMES_PER_PROGRAM {
         let ip = scratch.state.registers.ip;
         // Only the first frame of a resumed run is one a runtime handed back.
@@ -194,6 +237,10 @@ pub fn unwind<const RESUMABLE: bool>(ctx: &PerfEventContext) -> u32 {
             }
             if entry.dispatch == Dispatch::Deferred as u8 {
                 scratch.state.deferred_program = entry.program;
+            }
+            if entry.dispatch == Dispatch::TablePending as u8 {
+                table_pending = true;
+                break;
             }
         }
         if resume != resume::STEP_ONLY {
@@ -246,6 +293,19 @@ pub fn unwind<const RESUMABLE: bool>(ctx: &PerfEventContext) -> u32 {
                 break;
             }
         }
+    }
+    if table_pending {
+        // Frame pointers would stop short of the file's callers; the file's
+        // table exists within milliseconds.
+        count(Counter::UnwindTablePending);
+        return 0;
+    }
+    // Entries read while user space rewrote the table may be torn.
+    if let Some(table) = mappings
+        && table_seq(table) as u16 != scratch.state.table_seq
+    {
+        count(Counter::ProcessTableChanged);
+        return 0;
     }
     if handover != 0 {
         if crate::runtimes::hand_to(ctx, scratch, handover) {

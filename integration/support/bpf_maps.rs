@@ -3,15 +3,15 @@
 
 //! The native unwinder's BPF maps of a running icecore, read directly from the
 //! kernel (not through icecore's metrics): `PROCESS_SLOTS` (pid → slot),
-//! `PROCESS_MAPPINGS` (slot → a one-element array holding the process's
-//! mapping table) and `UNWIND_TABLES` (slot → a file's table). The maps are found by name among the maps the
+//! `PROCESS_MAPPINGS` (pages of `PROCESS_TABLES_PER_PAGE` process mapping
+//! tables; slot `s` is table `s % N` of page `s / N`, named free by pid 0) and `UNWIND_TABLES` (slot → a file's table). The maps are found by name among the maps the
 //! icecore process holds open (`/proc/PID/fdinfo`'s `map_id`), so another
 //! agent running on the machine is never confused with the one under test.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::{Array, ArrayOfMaps, HashMap, Map, MapData, MapInfo, MapType};
-use icecore_unwinders::native::ProcessMappingTable;
+use icecore_unwinders::native::{ProcessMappingTable, mappings::PROCESS_TABLES_PER_PAGE};
 
 /// The names as the kernel stores them (at most 15 bytes).
 const PROCESS_MAPPINGS: &str = "PROCESS_MAPPING";
@@ -116,10 +116,17 @@ impl UnwinderMaps {
         self.slots.keys().filter_map(Result::ok).collect()
     }
 
-    /// Slots of `PROCESS_MAPPINGS` holding a table.
+    /// Slots of `PROCESS_MAPPINGS` holding a process's table.
     pub fn process_slots(&self) -> BTreeSet<u32> {
+        let per_page = PROCESS_TABLES_PER_PAGE as u32;
         (0..self.processes.len())
-            .filter(|slot| self.processes.get(slot, 0).is_ok())
+            .filter_map(|page| Some((page, self.processes.get(&page, 0).ok()?)))
+            .flat_map(|(page, inner)| {
+                (0..per_page).filter_map(move |index| {
+                    let table = inner.get(&index, 0).ok()?;
+                    (table.pid != 0).then_some(page * per_page + index)
+                })
+            })
             .collect()
     }
 
@@ -133,8 +140,9 @@ impl UnwinderMaps {
     /// The mapping table of `pid` (entries in use only); None if it has none.
     pub fn mappings_of(&self, pid: u32) -> Option<Vec<MappingEntry>> {
         let slot = self.slots.get(&pid, 0).ok()?;
-        let inner = self.processes.get(&slot, 0).ok()?;
-        let table = inner.get(&0, 0).ok()?;
+        let per_page = PROCESS_TABLES_PER_PAGE as u32;
+        let inner = self.processes.get(&(slot / per_page), 0).ok()?;
+        let table = inner.get(&(slot % per_page), 0).ok()?;
         assert_eq!(table.pid, pid, "the table at slot {slot} names another pid");
         let count = (table.count as usize).min(table.entries.len());
         Some(table.entries[..count].to_vec())

@@ -64,12 +64,14 @@ impl Metrics {
     /// The unwinder's BPF counters and gauges, for printing.
     pub fn unwinding_summary(&self) -> String {
         format!(
-            "dwarf_frames={} frame_pointer_frames={} unknown_process={} user_stack_truncated={} \
+            "dwarf_frames={} frame_pointer_frames={} unknown_process={} unwind_table_pending={} \
+             user_stack_truncated={} \
              user_frame_invalid={} user_read_failed={} emitted={} tables_installed={} \
              processes_described={} table_bytes={} map_update_failures={}",
             self.bpf_event("dwarf_frames"),
             self.bpf_event("frame_pointer_frames"),
             self.bpf_event("unknown_process"),
+            self.bpf_event("unwind_table_pending"),
             self.bpf_event("user_stack_truncated"),
             self.bpf_event("user_frame_invalid"),
             self.bpf_event("user_read_failed"),

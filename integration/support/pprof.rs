@@ -294,6 +294,9 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
             let str_index = int(&label, "str");
             let num = int(&label, "num");
             let value = (str_index != 0).then(|| s(str_index, "label.str", &mut v));
+            if let Some(value) = &value {
+                out.labels.insert(key.clone(), value.clone());
+            }
             match key.as_str() {
                 "pid" => out.pid = Some(num),
                 "comm" => out.comm = value,

@@ -162,6 +162,8 @@ impl PySpyRecord {
     /// Records `pid` at `rate` Hz for `seconds` into `dir`.
     pub fn start(pid: u32, rate: u32, seconds: u32, dir: &Path) -> PySpyRecord {
         let output = dir.join(format!("py-spy-{pid}.txt"));
+        let errors = std::fs::File::create(dir.join(format!("py-spy-{pid}.err")))
+            .expect("create py-spy's error file");
         let child = Command::new(py_spy())
             .args(["record", "--nonblocking", "-f", "raw", "-r"])
             .arg(rate.to_string())
@@ -172,7 +174,7 @@ impl PySpyRecord {
             .arg("--pid")
             .arg(pid.to_string())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(errors)
             .spawn()
             .expect("start py-spy");
         PySpyRecord { child, output }
@@ -181,7 +183,8 @@ impl PySpyRecord {
     /// Waits for the recording; (stack frames root first, count) per line.
     pub fn finish(mut self) -> Vec<(Vec<String>, u64)> {
         let status = self.child.wait().expect("wait for py-spy");
-        assert!(status.success(), "py-spy failed: {status}");
+        let errors = std::fs::read_to_string(self.output.with_extension("err")).unwrap_or_default();
+        assert!(status.success(), "py-spy failed: {status}: {errors}");
         let text = std::fs::read_to_string(&self.output).expect("read py-spy's output");
         text.lines()
             .filter_map(|line| {

@@ -62,6 +62,8 @@ pub struct DecodedSample {
     pub pod_uid: Option<String>,
     /// OTLP resource `process.parent_pid` (pprof carries none).
     pub parent_pid: Option<i64>,
+    /// Every string-valued OTLP resource attribute, or pprof string label.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl DecodedSample {

@@ -132,6 +132,68 @@ pub struct ProcessInfo {
     pub k8s_pod_uid: Arc<str>,
     /// The parent process's ID (`process.parent_pid`); 0 when unknown.
     pub parent_pid: u32,
+    /// The Kubernetes pod's name (`k8s.pod.name`), namespace
+    /// (`k8s.namespace.name`), container (`k8s.container.name`) and node
+    /// (`k8s.node.name`), from the Kubernetes API; empty when unknown.
+    pub k8s: Arc<K8sNames>,
+    /// Labels the process was given by relabeling and external labels, by
+    /// Prometheus label name, sorted and unique: OTLP resource attributes,
+    /// Parca series labels and pprof sample labels alike. A label of the
+    /// same name as one of the fields above wins over it on Parca and pprof.
+    pub labels: Labels,
+}
+
+/// Names of a process's Kubernetes pod, container and node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct K8sNames {
+    /// `k8s.pod.name`.
+    pub pod: Arc<str>,
+    /// `k8s.namespace.name`.
+    pub namespace: Arc<str>,
+    /// `k8s.container.name`.
+    pub container: Arc<str>,
+    /// `k8s.node.name`.
+    pub node: Arc<str>,
+}
+
+impl K8sNames {
+    /// The names as (OTel attribute, Prometheus label, value), the empty
+    /// ones left out.
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &'static str, &str)> {
+        [
+            ("k8s.pod.name", "pod", &self.pod),
+            ("k8s.namespace.name", "namespace", &self.namespace),
+            ("k8s.container.name", "container", &self.container),
+            ("k8s.node.name", "k8s_node", &self.node),
+        ]
+        .into_iter()
+        .filter(|(_, _, v)| !v.is_empty())
+        .map(|(attr, label, v)| (attr, label, &**v))
+    }
+}
+
+/// Name → value pairs, sorted by name, names unique.
+pub type Labels = Arc<[(Arc<str>, Arc<str>)]>;
+
+impl ProcessInfo {
+    /// Adds `extra` labels the process does not have yet (external labels
+    /// never override the process's own).
+    pub fn add_missing_labels(&mut self, extra: &[(Arc<str>, Arc<str>)]) {
+        if extra
+            .iter()
+            .all(|(name, _)| self.labels.iter().any(|(n, _)| n == name))
+        {
+            return;
+        }
+        let mut labels: Vec<(Arc<str>, Arc<str>)> = self.labels.to_vec();
+        for (name, value) in extra {
+            if !labels.iter().any(|(n, _)| n == name) {
+                labels.push((name.clone(), value.clone()));
+            }
+        }
+        labels.sort_by(|a, b| a.0.cmp(&b.0));
+        self.labels = labels.into();
+    }
 }
 
 /// Samples of one stack on one thread within the batch window.

@@ -70,7 +70,7 @@ pub enum Lifecycle {
         /// When the exec happened (`CLOCK_MONOTONIC`).
         ktime_ns: u64,
         /// The image read after it.
-        snapshot: ImageSnapshot,
+        snapshot: Box<ImageSnapshot>,
         /// Its executable files, open.
         files: Vec<HeldFile>,
     },
@@ -84,6 +84,13 @@ pub enum Lifecycle {
         mappings: ProcessMappings,
         /// Executable files it maps that the earlier reads did not.
         files: Vec<HeldFile>,
+    },
+    /// BPF dropped a sample of `pid` because it has no mapping table for it
+    /// (a child forked from a described process, a process whose first
+    /// description failed, or an image whose exec is being read).
+    Unknown {
+        /// The process.
+        pid: u32,
     },
     /// A process described to BPF exited.
     Exit {
@@ -248,7 +255,7 @@ impl Follower {
                 self.send(Lifecycle::Exec {
                     pid: event.pid,
                     ktime_ns: event.ktime_ns,
-                    snapshot,
+                    snapshot: Box::new(snapshot),
                     files,
                 });
             }
@@ -259,6 +266,8 @@ impl Follower {
                     ktime_ns: event.ktime_ns,
                 });
             }
+            // Counted by BPF (`unknown_process`).
+            Some(ProcessEventKind::Unknown) => self.send(Lifecycle::Unknown { pid: event.pid }),
             None => debug!(kind = event.kind, "unknown process event"),
         }
     }

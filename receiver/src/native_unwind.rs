@@ -14,10 +14,12 @@ use std::{
     path::PathBuf,
     sync::{Arc, mpsc},
     thread,
+    time::{Duration, Instant},
 };
 
-use icecore_unwinders::native::{
-    MappingEntry, ProcessMappingTable, mappings::MAX_PROCESS_MAPPINGS,
+use icecore_unwinders::{
+    Dispatch,
+    native::{MappingEntry, ProcessMappingTable, mappings::MAX_PROCESS_MAPPINGS},
 };
 use lru::LruCache;
 use tracing::{debug, warn};
@@ -96,6 +98,10 @@ pub struct NativeUnwindInfo {
     files: LruCache<FileKey, FileState>,
     /// Which installed table each key uses, and which processes reference it.
     users: HashMap<FileKey, HashSet<u32>>,
+    /// Installed tables no process uses, since when: removed after
+    /// [`TABLE_LINGER`], or used again (a program run over and over, as a
+    /// build or a cron job does, keeps its table).
+    idle: HashMap<u64, Instant>,
     /// Files each described process references.
     process_files: HashMap<u32, Vec<FileKey>>,
     /// The runtimes' code of each described process that has any.
@@ -118,6 +124,11 @@ pub struct NativeUnwindInfo {
 /// host's executables need a few tens of MiB (see the host_tables benchmark).
 pub const DEFAULT_MAX_TABLE_BYTES: usize = 128 << 20;
 
+/// How long a table no process uses stays in BPF: inserting and removing
+/// a table each wait for an RCU grace period, and a program that runs again
+/// and again (a compiler in a build) would pay both per run.
+pub const TABLE_LINGER: Duration = Duration::from_secs(2);
+
 /// Build jobs waiting at most; more are retried on a later refresh.
 const BUILD_QUEUE: usize = 4096;
 
@@ -125,7 +136,7 @@ impl NativeUnwindInfo {
     /// Starts the table-building thread. `max_cached_files` bounds the
     /// user-space cache of built tables.
     pub fn new(
-        maps: UnwindMaps,
+        mut maps: UnwindMaps,
         max_cached_files: NonZeroUsize,
         max_table_bytes: usize,
     ) -> std::io::Result<Self> {
@@ -153,10 +164,15 @@ impl NativeUnwindInfo {
                     notify.notify_one();
                 }
             })?;
+        // Processes are described from here on: a sample of one BPF does
+        // not know yet is dropped and reported, not cut short.
+        maps.drop_unknown_processes()
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(NativeUnwindInfo {
             maps,
             files: LruCache::new(max_cached_files),
             users: HashMap::new(),
+            idle: HashMap::new(),
             process_files: HashMap::new(),
             runtimes: HashMap::new(),
             jobs,
@@ -199,13 +215,27 @@ impl NativeUnwindInfo {
                 let key = FileKey::of(mapping);
                 // Referenced even while building: the build's end re-describes.
                 referenced.push(key);
-                match self.files.get(&key) {
-                    Some(FileState::Ready(built)) => (key, built.clone()),
-                    Some(FileState::Building | FileState::Unusable) => continue,
-                    None => {
-                        self.queue_build(pid, key, mapping);
+                let building = match self.files.get(&key) {
+                    Some(FileState::Ready(built)) => Ok(built.clone()),
+                    Some(FileState::Unusable) => Err(false),
+                    Some(FileState::Building) => Err(true),
+                    None => Err(self.queue_build(pid, key, mapping)),
+                };
+                match building {
+                    Ok(built) => (key, built),
+                    Err(true) => {
+                        // Samples through this file are dropped (and
+                        // counted) until its table exists, rather than cut
+                        // short by frame pointers.
+                        entries.push(MappingEntry {
+                            start: mapping.start,
+                            end: mapping.end,
+                            dispatch: Dispatch::TablePending as u8,
+                            ..MappingEntry::default()
+                        });
                         continue;
                     }
+                    Err(false) => continue,
                 }
             };
             let Some(bias) = built.load_bias(mapping) else {
@@ -248,7 +278,9 @@ impl NativeUnwindInfo {
         }
     }
 
-    fn queue_build(&mut self, pid: u32, key: FileKey, mapping: &MappedFile) {
+    /// Queues a build of the file's table; false when the queue is full
+    /// (retried at the process's next description).
+    fn queue_build(&mut self, pid: u32, key: FileKey, mapping: &MappedFile) -> bool {
         // map_files names the exact file mapped (even if deleted or replaced
         // since); the container-root path and the plain path are fallbacks.
         let paths = mapped_file_paths(pid, mapping).to_vec();
@@ -256,8 +288,12 @@ impl NativeUnwindInfo {
             Ok(()) => {
                 self.files.put(key, FileState::Building);
                 self.builds_pending += 1;
+                true
             }
-            Err(e) => debug!("table build queue full, retrying later: {e}"),
+            Err(e) => {
+                debug!("table build queue full, retrying later: {e}");
+                false
+            }
         }
     }
 
@@ -272,6 +308,7 @@ impl NativeUnwindInfo {
                 return None;
             }
         }
+        self.idle.remove(&built.file_id);
         match self
             .maps
             .install_rows(built.file_id, built.rows.len(), built.rows.iter())
@@ -303,8 +340,25 @@ impl NativeUnwindInfo {
                 None
             };
             if let Some(file_id) = file_id {
-                self.maps.remove_table(file_id);
+                self.idle.insert(file_id, Instant::now());
             }
+        }
+    }
+
+    /// Removes the tables idle for longer than [`TABLE_LINGER`].
+    fn remove_idle_tables(&mut self) {
+        if self.idle.is_empty() {
+            return;
+        }
+        let expired: Vec<u64> = self
+            .idle
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= TABLE_LINGER)
+            .map(|(&file_id, _)| file_id)
+            .collect();
+        for file_id in expired {
+            self.idle.remove(&file_id);
+            self.maps.remove_table(file_id);
         }
     }
 
@@ -333,6 +387,7 @@ impl NativeUnwindInfo {
         &mut self,
         mut mappings_of: impl FnMut(u32) -> Option<&'a ProcessMappings>,
     ) -> Vec<u32> {
+        self.remove_idle_tables();
         let mut ready = Vec::new();
         while let Ok((key, built)) = self.results.try_recv() {
             self.builds_pending = self.builds_pending.saturating_sub(1);

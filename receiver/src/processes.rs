@@ -11,6 +11,8 @@ use icecore_otlp::model::ProcessInfo;
 use lru::LruCache;
 use tracing::debug;
 
+use crate::metadata::labels::{self, ProcessFacts, ProcessLabeler};
+use crate::metadata::pods::SharedPods;
 use crate::process_maps::{self, MappedFile, ProcessMappings};
 
 /// Re-reading a process's maps for an unknown address (a library loaded with
@@ -31,6 +33,12 @@ pub struct TrackedProcess {
     /// Whether the profiler described this image to BPF (at its exec or its
     /// first sample).
     pub described: bool,
+    /// Whether relabeling excluded the image from profiling: it is never
+    /// described, BPF is told to skip it, and samples taken before are dropped.
+    pub excluded: bool,
+    /// Its command line and cgroup, for relabeling it again when its pod's
+    /// metadata arrives.
+    facts: ProcessFacts,
     /// Start time in clock ticks since boot, to tell a reused PID from the original.
     start_time: Option<u64>,
     /// `CLOCK_MONOTONIC` of the `exec` that started the image; 0 when it was
@@ -56,6 +64,8 @@ pub struct ImageSnapshot {
     pub start_time: Option<u64>,
     /// `CLOCK_MONOTONIC` when it was read.
     pub read_ktime: u64,
+    /// Its command line and cgroup, for its labels.
+    pub facts: ProcessFacts,
 }
 
 impl ImageSnapshot {
@@ -72,6 +82,7 @@ impl ImageSnapshot {
         let path = process_maps::executable_path(pid).ok();
         let cgroup = crate::metadata::cgroup::read_identity(pid);
         let stat = process_maps::start_time_and_parent(pid).ok();
+        let facts = ProcessFacts::read(pid, &cgroup);
         let name: Arc<str> = match &path {
             Some(p) => Arc::from(p.rsplit('/').next().unwrap_or(p.as_str())),
             None => Arc::from(comm),
@@ -85,10 +96,12 @@ impl ImageSnapshot {
                 container_id: Arc::from(cgroup.container_id.as_deref().unwrap_or("")),
                 k8s_pod_uid: Arc::from(cgroup.pod_uid.as_deref().unwrap_or("")),
                 parent_pid: stat.map_or(0, |(_, parent)| parent),
+                ..ProcessInfo::default()
             },
             mappings,
             start_time: stat.map(|(start, _)| start),
             read_ktime,
+            facts,
         }
     }
 }
@@ -100,6 +113,8 @@ impl TrackedProcess {
             mappings: snapshot.mappings,
             image,
             described: false,
+            excluded: false,
+            facts: snapshot.facts,
             start_time: snapshot.start_time,
             exec_ktime,
             learned_ktime: snapshot.read_ktime,
@@ -121,6 +136,17 @@ pub struct ProcessTable {
     processes: LruCache<u32, TrackedProcess>,
     replaced: Vec<TrackedProcess>,
     next_image: u64,
+    /// Decides each new image's labels, or that it is not profiled.
+    labeler: Option<Arc<dyn ProcessLabeler>>,
+    /// Images excluded since [`Self::take_excluded`] was last called.
+    newly_excluded: Vec<u32>,
+    /// Images that were excluded and are not any more (their pod's labels
+    /// changed), since [`Self::take_included`] was last called.
+    newly_included: Vec<u32>,
+    /// The node's pods, when Kubernetes is watched.
+    pods: Option<SharedPods>,
+    /// The pods' generation the tracked images were labeled with.
+    pods_generation: u64,
 }
 
 impl ProcessTable {
@@ -130,7 +156,97 @@ impl ProcessTable {
             processes: LruCache::new(capacity),
             replaced: Vec::new(),
             next_image: 1,
+            labeler: None,
+            newly_excluded: Vec::new(),
+            newly_included: Vec::new(),
+            pods: None,
+            pods_generation: 0,
         }
+    }
+
+    /// Names each image in a pod from `pods` from now on.
+    pub fn set_pods(&mut self, pods: SharedPods) {
+        self.pods = Some(pods);
+    }
+
+    /// The pids of the images no longer excluded since the last call.
+    pub fn take_included(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.newly_included)
+    }
+
+    /// Names and labels the images in pods again if the pods changed since
+    /// (metadata that arrived after the process). Returns whether they did.
+    pub fn refresh_pods(&mut self) -> bool {
+        let Some(pods) = self.pods.clone() else {
+            return false;
+        };
+        let Ok(index) = pods.read() else {
+            return false;
+        };
+        if index.generation() == self.pods_generation {
+            return false;
+        }
+        self.pods_generation = index.generation();
+        let labeler = self.labeler.clone();
+        for (&pid, process) in self.processes.iter_mut() {
+            if process.info.k8s_pod_uid.is_empty() {
+                continue;
+            }
+            let pod = index.get(&process.info.k8s_pod_uid);
+            labels::apply_pod(&mut process.info, pod.as_deref());
+            let Some(labeler) = &labeler else {
+                continue;
+            };
+            let keep = labels::apply(
+                labeler.as_ref(),
+                &mut process.info,
+                &process.facts,
+                pod.as_deref(),
+            );
+            if keep == process.excluded {
+                process.excluded = !keep;
+                if keep {
+                    self.newly_included.push(pid);
+                } else {
+                    self.newly_excluded.push(pid);
+                }
+            }
+        }
+        true
+    }
+
+    /// Labels each image learned from now on with `labeler`.
+    pub fn set_labeler(&mut self, labeler: Arc<dyn ProcessLabeler>) {
+        self.labeler = Some(labeler);
+    }
+
+    /// The pids of the images excluded since the last call.
+    pub fn take_excluded(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.newly_excluded)
+    }
+
+    /// A new image: labeled (or excluded) once, here.
+    fn track(&mut self, snapshot: ImageSnapshot, image: u64, exec_ktime: u64) -> TrackedProcess {
+        let pod = match (&self.pods, &*snapshot.info.k8s_pod_uid) {
+            (Some(pods), uid) if !uid.is_empty() => pods.read().ok().and_then(|p| p.get(uid)),
+            _ => None,
+        };
+        let mut process = TrackedProcess::from_snapshot(snapshot, image, exec_ktime);
+        if pod.is_some() {
+            labels::apply_pod(&mut process.info, pod.as_deref());
+        }
+        if let Some(labeler) = &self.labeler
+            && !labels::apply(
+                labeler.as_ref(),
+                &mut process.info,
+                &process.facts,
+                pod.as_deref(),
+            )
+        {
+            process.excluded = true;
+            self.newly_excluded.push(process.info.pid);
+        }
+        process
     }
 
     fn new_image(&mut self) -> u64 {
@@ -142,15 +258,21 @@ impl ProcessTable {
     /// The process, learning it from `/proc` on first sight; `true` when it
     /// was learned just now.
     pub fn get_or_learn(&mut self, pid: u32, comm: &str) -> (&mut TrackedProcess, bool) {
-        let mut learned = false;
-        let image = self.next_image;
+        // Read and labeled before the cache is borrowed: `track` needs `self`.
+        let fresh = if self.processes.contains(&pid) {
+            None
+        } else {
+            let image = self.new_image();
+            Some(self.track(ImageSnapshot::read(pid, comm), image, 0))
+        };
+        let learned = fresh.is_some();
+        // The closure runs only when the pid is absent, that is when `fresh`
+        // holds the image; the fallback only satisfies the types.
         let process = self.processes.get_or_insert_mut(pid, || {
-            learned = true;
-            TrackedProcess::from_snapshot(ImageSnapshot::read(pid, comm), image, 0)
+            fresh.unwrap_or_else(|| {
+                TrackedProcess::from_snapshot(ImageSnapshot::read(pid, comm), 0, 0)
+            })
         });
-        if learned {
-            self.next_image += 1;
-        }
         (process, learned)
     }
 
@@ -184,8 +306,8 @@ impl ProcessTable {
             None => false,
         };
         let image = self.new_image();
-        self.processes
-            .put(pid, TrackedProcess::from_snapshot(snapshot, image, ktime));
+        let process = self.track(snapshot, image, ktime);
+        self.processes.put(pid, process);
         replaced
     }
 

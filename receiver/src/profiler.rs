@@ -20,6 +20,11 @@ use crate::{
     clock::MonotonicToUnix,
     exec_watch::{ExecWatcher, Lifecycle},
     host,
+    metadata::{
+        kubernetes::{self, KubernetesOptions},
+        labels::ProcessLabeler,
+        pods::SharedPods,
+    },
     native_unwind::{DEFAULT_MAX_TABLE_BYTES, NativeUnwindInfo, NativeUnwindStats},
     processes::ProcessTable,
     record::RawSample,
@@ -57,6 +62,12 @@ pub struct ProfilerOptions {
     /// How long the start waits for the unwind tables of the processes
     /// already running (their first samples are then unwound whole).
     pub startup_tables_wait: Duration,
+    /// Decides each process's labels, or that it is not profiled; every
+    /// process is profiled without labels beyond its identity when `None`.
+    pub labeler: Option<Arc<dyn ProcessLabeler>>,
+    /// Where to watch this node's pods for their names and labels; none
+    /// when `None` (processes in pods keep their IDs).
+    pub kubernetes: Option<KubernetesOptions>,
 }
 
 impl ProfilerOptions {
@@ -69,6 +80,8 @@ impl ProfilerOptions {
             max_samples_per_interval: 2_000_000,
             symbolizer: SymbolizerLimits::default(),
             startup_tables_wait: Duration::from_secs(10),
+            labeler: None,
+            kubernetes: None,
         }
     }
 }
@@ -82,6 +95,9 @@ pub struct ProfilerStats {
     pub bpf_cost: ProgramCost,
     /// Ring-buffer records that failed to decode.
     pub malformed_records: u64,
+    /// Samples of processes relabeling excluded, taken before BPF skipped
+    /// them (dropped in user space).
+    pub samples_excluded: u64,
     /// Samples put into batches.
     pub samples_reported: u64,
     /// Samples dropped at the per-interval limit.
@@ -167,7 +183,18 @@ impl CpuProfiler {
             Ok(false) => {}
             Err(e) => debug!("tracefs not mounted at {}: {e}", host::TRACEFS),
         }
-        let mut sampler = CpuSampler::load(&options.sampler)?;
+        let mut sampler_options = options.sampler.clone();
+        sampler_options.exclusions = options.labeler.as_ref().is_some_and(|l| l.may_exclude());
+        let mut sampler = CpuSampler::load(&sampler_options)?;
+        let mut processes = ProcessTable::new(options.max_processes);
+        if let Some(labeler) = &options.labeler {
+            processes.set_labeler(labeler.clone());
+        }
+        if let Some(kubernetes) = &options.kubernetes {
+            let pods = SharedPods::default();
+            kubernetes::spawn(kubernetes.clone(), pods.clone());
+            processes.set_pods(pods);
+        }
         let native = sampler.take_unwind_maps().and_then(|set| {
             let maps = UnwindMaps::new(set)
                 .map_err(|e| warn!("DWARF unwinding off, frame pointers only: {e}"))
@@ -188,9 +215,14 @@ impl CpuProfiler {
             startup::describe_running(
                 native,
                 &mut runtimes,
+                &mut processes,
                 &options.sampler.pids,
                 options.startup_tables_wait,
             );
+        }
+        // Excluded before the first sample: they never reach the ring.
+        for pid in processes.take_excluded() {
+            sampler.exclude(pid);
         }
         // Execs and exits meanwhile wait in the lifecycle ring (its
         // tracepoints are attached at load) for the first drain.
@@ -207,7 +239,7 @@ impl CpuProfiler {
             sampler,
             native,
             runtimes,
-            processes: ProcessTable::new(options.max_processes),
+            processes,
             symbolizer: Symbolizer::new(options.symbolizer),
             aggregator: Aggregator::new(options.max_samples_per_interval),
             clock: MonotonicToUnix::measure(),
@@ -265,6 +297,7 @@ impl CpuProfiler {
         };
         lifecycle(processes, native, runtimes, symbolizer, &mut described);
         let mut malformed = 0u64;
+        let mut excluded = 0u64;
         let n = sampler.drain(|bytes| match RawSample::decode(bytes) {
             Ok(sample) => {
                 let pid = sample.header.pid;
@@ -275,6 +308,11 @@ impl CpuProfiler {
                     lifecycle(processes, native, runtimes, symbolizer, &mut described);
                 }
                 let (process, learned) = processes.get_or_learn(pid, &comm);
+                if process.excluded {
+                    // Taken before BPF was told to skip the process.
+                    excluded += 1;
+                    return;
+                }
                 let has_code = !process.mappings.is_empty();
                 // An image learned at its exec is described at its first sample.
                 let undescribed = !std::mem::replace(&mut process.described, true);
@@ -329,10 +367,23 @@ impl CpuProfiler {
                 }
             }
         }
-        if malformed > 0
+        processes.refresh_pods();
+        for pid in processes.take_excluded() {
+            if let Some(native) = native.as_mut() {
+                native.forget_process(pid);
+            }
+            runtimes.detach(pid);
+            sampler.exclude(pid);
+        }
+        for pid in processes.take_included() {
+            sampler.include(pid);
+            processes.forget(pid);
+        }
+        if (malformed > 0 || excluded > 0)
             && let Ok(mut s) = stats.lock()
         {
             s.malformed_records += malformed;
+            s.samples_excluded += excluded;
         }
         n
     }
@@ -542,6 +593,8 @@ fn apply_lifecycle(
     described: &mut Vec<u32>,
     exits: &mut Vec<(u32, u64)>,
 ) {
+    // BPF first, symbols after: until BPF knows a new image its samples are
+    // dropped, while parsing its files' symbols can wait for the batch.
     match event {
         Lifecycle::Exec {
             pid,
@@ -549,13 +602,16 @@ fn apply_lifecycle(
             snapshot,
             files,
         } => {
-            if processes.exec(pid, ktime_ns, snapshot) {
+            if processes.exec(pid, ktime_ns, *snapshot) {
                 // What BPF and the plugins knew was the old image's.
                 if let Some(native) = native.as_mut() {
                     native.forget_process(pid);
                 }
                 runtimes.detach(pid);
             }
+            // Described at its exec with what is mapped so far (the
+            // libraries follow as the loader maps them, re-read below).
+            describe_image(pid, processes, native, runtimes, described);
             // Parsed now, from the files held open since the exec: the
             // process may be gone by the time its batch is cut.
             if let Some(process) = processes.get(pid) {
@@ -568,25 +624,53 @@ fn apply_lifecycle(
             mappings,
             files,
         } => {
-            if processes.exec_mappings(pid, ktime_ns, mappings)
-                && let Some(process) = processes.get(pid)
-            {
-                symbolizer.preload(pid, &process.mappings, &files);
-                // Described at its exec, not at its first sample: a new
-                // process's samples are unwound whole as soon as its files'
-                // tables exist (at once for files other processes map).
-                if let Some(native) = native.as_mut()
-                    && process.mappings.executable().next().is_some()
-                {
-                    let code = runtimes.attach(pid, &process.mappings);
-                    native.describe_process(pid, &process.mappings, &code);
-                    processes.mark_described(pid);
-                    described.push(pid);
+            if processes.exec_mappings(pid, ktime_ns, mappings) {
+                describe_image(pid, processes, native, runtimes, described);
+                if let Some(process) = processes.get(pid) {
+                    symbolizer.preload(pid, &process.mappings, &files);
                 }
+            }
+        }
+        Lifecycle::Unknown { pid } => {
+            let (process, learned) = processes.get_or_learn(pid, "");
+            // Described already: BPF learns it from that description (the
+            // report was sent before it took effect), or the description
+            // failed and was counted; either way, not again on every report.
+            if process.described {
+                return;
+            }
+            if learned {
+                // A reused pid: whatever was known of the old process goes.
+                runtimes.detach(pid);
+            }
+            describe_image(pid, processes, native, runtimes, described);
+            if learned && let Some(process) = processes.get(pid) {
+                symbolizer.preload(pid, &process.mappings, &[]);
             }
         }
         Lifecycle::Exit { pid, ktime_ns } => exits.push((pid, ktime_ns)),
     }
+}
+
+/// Describes the current image of `pid` to BPF, unless relabeling excluded
+/// it or it maps no code yet.
+fn describe_image(
+    pid: u32,
+    processes: &mut ProcessTable,
+    native: &mut Option<NativeUnwindInfo>,
+    runtimes: &mut Runtimes,
+    described: &mut Vec<u32>,
+) {
+    let (Some(native), Some(process)) = (native.as_mut(), processes.get(pid)) else {
+        return;
+    };
+    if process.excluded || process.mappings.executable().next().is_none() {
+        return;
+    }
+    let code = runtimes.attach(pid, &process.mappings);
+    native.describe_process(pid, &process.mappings, &code);
+    processes.mark_described(pid);
+    described.push(pid);
 }
 
 /// Each runtime's name and state.

@@ -91,6 +91,9 @@ pub struct SamplerOptions {
     /// Names of the runtimes whose BPF programs to load (see
     /// `icecore_unwinders::BPF_RUNTIMES`); others stay unloaded.
     pub runtimes: Vec<&'static str>,
+    /// Whether processes may be excluded from sampling
+    /// ([`CpuSampler::exclude`]); without, the entry program never looks.
+    pub exclusions: bool,
 }
 
 impl SamplerOptions {
@@ -104,6 +107,7 @@ impl SamplerOptions {
                 .iter()
                 .map(|r| r.name)
                 .collect(),
+            exclusions: false,
         }
     }
 }
@@ -165,6 +169,8 @@ pub struct CpuSampler {
     /// [`CpuSampler::start_sampling`] and once stopped.
     sampling_links: Vec<PerfEventLinkId>,
     runtime_loads: Vec<(&'static BpfRuntime, RuntimeLoad)>,
+    /// `EXCLUDED_PIDS`, when exclusions are on.
+    excluded: Option<HashMap<MapData, u32, u8>>,
 }
 
 impl CpuSampler {
@@ -209,6 +215,12 @@ impl CpuSampler {
         let rejected_program = rejected_program_for_test();
         let filter = u8::from(!options.pids.is_empty());
         let filter_capacity = u32::try_from(options.pids.len().max(1)).unwrap_or(u32::MAX);
+        let exclude = u8::from(options.exclusions);
+        let exclusion_capacity = if options.exclusions {
+            icecore_unwinders::sample::EXCLUDED_PIDS_MAX
+        } else {
+            1
+        };
 
         let mut ebpf = EbpfLoader::new()
             .override_global("FILTER_BY_PID", &filter, true)
@@ -216,7 +228,9 @@ impl CpuSampler {
             .override_global("TASK_FSBASE_OFFSET", &task_fsbase_offset, true)
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
             .override_global("REJECTED_PROGRAM", &rejected_program, true)
+            .override_global("EXCLUDE_PIDS", &exclude, true)
             .map_max_entries("PID_FILTER", filter_capacity)
+            .map_max_entries("EXCLUDED_PIDS", exclusion_capacity)
             .load(BPF_OBJECT)
             .map_err(|e| permission_or(e, SamplerError::Load))?;
 
@@ -329,10 +343,14 @@ impl CpuSampler {
         let slots = ebpf
             .take_map("PROCESS_SLOTS")
             .ok_or(SamplerError::MissingMap("PROCESS_SLOTS"))?;
+        let unknown_process_policy = ebpf
+            .take_map("UNKNOWN_PROCESS_POLICY")
+            .ok_or(SamplerError::MissingMap("UNKNOWN_PROCESS_POLICY"))?;
         let unwind_maps = Some(UnwindMapSet {
             tables,
             processes,
             slots,
+            unknown_process_policy,
         });
 
         for (name, category, tracepoint) in LIFECYCLE_PROGRAMS {
@@ -349,7 +367,19 @@ impl CpuSampler {
                 .map_err(|source| SamplerError::Program { name, source })?;
         }
 
+        let excluded = if options.exclusions {
+            let map = ebpf
+                .take_map("EXCLUDED_PIDS")
+                .ok_or(SamplerError::MissingMap("EXCLUDED_PIDS"))?;
+            Some(HashMap::try_from(map).map_err(|source| SamplerError::Map {
+                name: "EXCLUDED_PIDS",
+                source,
+            })?)
+        } else {
+            None
+        };
         Ok(CpuSampler {
+            excluded,
             ebpf,
             rings,
             events: Some(events),
@@ -363,6 +393,29 @@ impl CpuSampler {
             sampling_links: Vec::new(),
             runtime_loads,
         })
+    }
+
+    /// Stops sampling `pid` in the entry program until it execs or exits.
+    /// False when exclusions are off or the map is full (its samples are
+    /// then dropped in user space).
+    pub fn exclude(&mut self, pid: u32) -> bool {
+        let Some(map) = self.excluded.as_mut() else {
+            return false;
+        };
+        match map.insert(pid, 1, 0) {
+            Ok(()) => true,
+            Err(e) => {
+                debug!(pid, "cannot exclude a process in BPF: {e}");
+                false
+            }
+        }
+    }
+
+    /// Samples `pid` again after [`Self::exclude`].
+    pub fn include(&mut self, pid: u32) {
+        if let Some(map) = self.excluded.as_mut() {
+            let _ = map.remove(&pid);
+        }
     }
 
     /// Starts sampling every online CPU (once; later calls do nothing).

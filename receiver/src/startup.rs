@@ -12,7 +12,10 @@ use std::{
 
 use tracing::{debug, info};
 
-use crate::{native_unwind::NativeUnwindInfo, process_maps::ProcessMappings, runtimes::Runtimes};
+use crate::{
+    native_unwind::NativeUnwindInfo, process_maps::ProcessMappings, processes::ProcessTable,
+    runtimes::Runtimes,
+};
 
 /// What describing the running processes did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,6 +47,7 @@ fn running_pids(targets: &[u32]) -> Vec<u32> {
 pub fn describe_running(
     native: &mut NativeUnwindInfo,
     runtimes: &mut Runtimes,
+    processes: &mut ProcessTable,
     targets: &[u32],
     wait: Duration,
 ) -> StartupDescription {
@@ -54,17 +58,20 @@ pub fn describe_running(
         if pid == own {
             continue;
         }
+        // Learned whole (identity, labels) now, not at its first sample.
+        let (process, _) = processes.get_or_learn(pid, "");
         // Kernel threads have no mappings; a process may exit meanwhile.
-        let mappings = match ProcessMappings::read(pid) {
-            Ok(mappings) if mappings.executable().next().is_some() => mappings,
-            Ok(_) => continue,
-            Err(e) => {
-                debug!(pid, "not described at start: {e}");
-                continue;
-            }
-        };
+        if process.excluded {
+            debug!(pid, "excluded by relabeling");
+            continue;
+        }
+        if process.mappings.executable().next().is_none() {
+            continue;
+        }
+        let mappings = process.mappings.clone();
         let code = runtimes.attach(pid, &mappings);
         native.describe_process(pid, &mappings, &code);
+        processes.mark_described(pid);
         described.insert(pid, mappings);
     }
     while native.builds_pending() > 0 && started.elapsed() < wait {

@@ -9,17 +9,22 @@ use std::{
     os::fd::{AsFd, AsRawFd},
 };
 
+use crate::inner_array::{InnerArrays, InnerKind, MappedArray};
 use crate::map_memory::map_memlock;
-use aya::maps::{Array, ArrayOfMaps, HashMap, IterableMap, Map, MapData, MapError};
-use icecore_unwinders::native::{
-    ChunkLayout, ProcessMappingTable, UnwindChunk, UnwindRow,
-    chunks::{FENCE_SLOTS, ROWS_PER_CHUNK},
+use crate::process_pages::{PROCESS_PAGE_FLAGS, ProcessPages};
+use aya::maps::{Array, ArrayOfMaps, HashMap, Map, MapData, MapError};
+use icecore_unwinders::{
+    native::{
+        ChunkLayout, ProcessMappingTable, UnwindChunk, UnwindRow,
+        chunks::{FENCE_SLOTS, ROWS_PER_CHUNK},
+        mappings::PROCESS_TABLES_PER_PAGE,
+    },
+    runtime::unknown_process,
 };
 
 /// The flags every unwind table must have: the kernel only accepts inner maps
 /// whose flags match the template's (`ebpf/src/maps.rs`).
 const UNWIND_TABLE_FLAGS: u32 = 0x400 /* BPF_F_MMAPABLE */ | 0x1000 /* BPF_F_INNER_MAP */;
-const BPF_MAP_TYPE_ARRAY: u32 = 2;
 
 /// A failure to update the unwinder's maps.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +70,9 @@ pub struct UnwindMapSet {
     pub processes: Map,
     /// `PROCESS_SLOTS`: pid → slot in `PROCESS_MAPPINGS`.
     pub slots: Map,
+    /// `UNKNOWN_PROCESS_POLICY`: what BPF does with a sample of a process
+    /// without a mapping table.
+    pub unknown_process_policy: Map,
 }
 
 /// A table in `UNWIND_TABLES`.
@@ -79,10 +87,10 @@ struct Installed {
 /// Owner of the unwinder's maps.
 pub struct UnwindMaps {
     tables: ArrayOfMaps<MapData, MapData>,
-    processes: ArrayOfMaps<MapData, Array<MapData, ProcessMappingTable>>,
-    /// A second descriptor of `PROCESS_MAPPINGS`, for the deletes aya lacks.
-    processes_fd: std::os::fd::OwnedFd,
+    /// `PROCESS_MAPPINGS`, a page of tables at a time.
+    pages: ProcessPages,
     slots: HashMap<MapData, u32, u32>,
+    unknown_process_policy: Array<MapData, u32>,
     /// The slot of each process with a table.
     process_slots: StdHashMap<u32, u32>,
     /// Unused slots of `PROCESS_MAPPINGS`, lowest last.
@@ -95,37 +103,83 @@ pub struct UnwindMaps {
     installed_bytes: usize,
     /// Kernel memory of the installed tables' inner maps.
     tables_memlock: u64,
-    /// Kernel memory of one process's inner map (all have the same size);
-    /// 0 until the first is created.
-    process_memlock: u64,
+    /// Creates the inner maps of both outer maps...
+    inner: InnerArrays,
+    /// ...of the kind the unwind tables' template takes.
+    table_kind: InnerKind,
 }
 
 impl UnwindMaps {
     /// Wraps the maps taken from the loaded object.
     pub fn new(maps: UnwindMapSet) -> Result<Self, UnwindMapError> {
         let tables_fd = duplicate_array_of_maps(&maps.tables)?;
-        let tables: ArrayOfMaps<MapData, MapData> =
-            ArrayOfMaps::try_from(maps.tables).map_err(|source| UnwindMapError::Update {
+        let mut tables: ArrayOfMaps<MapData, MapData> = ArrayOfMaps::try_from(maps.tables)
+            .map_err(|source| UnwindMapError::Update {
                 map: "UNWIND_TABLES",
                 source,
             })?;
         let free_slots = (0..tables.len()).rev().collect();
         let processes_fd = duplicate_array_of_maps(&maps.processes)?;
-        let processes: ArrayOfMaps<MapData, Array<MapData, ProcessMappingTable>> =
-            ArrayOfMaps::try_from(maps.processes).map_err(|source| UnwindMapError::Update {
+        let mut processes: ArrayOfMaps<MapData, MapData> = ArrayOfMaps::try_from(maps.processes)
+            .map_err(|source| UnwindMapError::Update {
                 map: "PROCESS_MAPPINGS",
                 source,
             })?;
-        let free_process_slots = (0..processes.len()).rev().collect();
         let slots = HashMap::try_from(maps.slots).map_err(|source| UnwindMapError::Update {
             map: "PROCESS_SLOTS",
             source,
         })?;
+        let unknown_process_policy =
+            Array::try_from(maps.unknown_process_policy).map_err(|source| {
+                UnwindMapError::Update {
+                    map: "UNKNOWN_PROCESS_POLICY",
+                    source,
+                }
+            })?;
+        // One trial insert per outer map, into its last slot (handed out
+        // last), tells which kind of inner map the kernel accepts.
+        let mut inner = InnerArrays::default();
+        let table_kind = {
+            let last = tables.len() - 1;
+            let kind = inner
+                .probe(
+                    size_of::<UnwindChunk>() as u32,
+                    1,
+                    UNWIND_TABLE_FLAGS,
+                    |map| tables.set(last, &map, 0),
+                )
+                .map_err(|source| UnwindMapError::Update {
+                    map: "UNWIND_TABLES",
+                    source,
+                })?;
+            let _ = delete_element(tables_fd.as_fd(), last);
+            kind
+        };
+        let process_kind = {
+            let last = processes.len() - 1;
+            let kind = inner
+                .probe(
+                    size_of::<ProcessMappingTable>() as u32,
+                    PROCESS_TABLES_PER_PAGE as u32,
+                    PROCESS_PAGE_FLAGS,
+                    |map| processes.set(last, &map, 0),
+                )
+                .map_err(|source| UnwindMapError::Update {
+                    map: "PROCESS_MAPPINGS",
+                    source,
+                })?;
+            let _ = delete_element(processes_fd.as_fd(), last);
+            kind
+        };
+        let pages = ProcessPages::new(processes, process_kind);
+        let free_process_slots = (0..pages.capacity()).rev().collect();
         Ok(UnwindMaps {
+            inner,
+            table_kind,
             tables,
-            processes,
-            processes_fd,
+            pages,
             slots,
+            unknown_process_policy,
             process_slots: StdHashMap::new(),
             free_process_slots,
             installed: StdHashMap::new(),
@@ -133,8 +187,19 @@ impl UnwindMaps {
             free_slots,
             installed_bytes: 0,
             tables_memlock: 0,
-            process_memlock: 0,
         })
+    }
+
+    /// From now on BPF drops the samples of processes without a mapping
+    /// table (and reports them) instead of walking them with frame pointers:
+    /// for when user space describes every process it is told of.
+    pub fn drop_unknown_processes(&mut self) -> Result<(), UnwindMapError> {
+        self.unknown_process_policy
+            .set(0, unknown_process::DROP, 0)
+            .map_err(|source| UnwindMapError::Update {
+                map: "UNKNOWN_PROCESS_POLICY",
+                source,
+            })
     }
 
     /// Installs the unwind table of a file (sorted rows) and returns its
@@ -167,14 +232,14 @@ impl UnwindMaps {
             .free_slots
             .last()
             .ok_or(UnwindMapError::NoFreeSlot(self.tables.len()))?;
-        let params = aya_obj::Map::new_from_params(
-            BPF_MAP_TYPE_ARRAY,
-            4,
-            size_of::<UnwindChunk>() as u32,
-            count,
-            UNWIND_TABLE_FLAGS,
-        );
-        let inner = MapData::create(params, "unwind_table", None)
+        let inner = self
+            .inner
+            .create(
+                self.table_kind,
+                size_of::<UnwindChunk>() as u32,
+                count,
+                UNWIND_TABLE_FLAGS,
+            )
             .map_err(|source| UnwindMapError::Create { rows: len, source })?;
         write_rows_through_mmap(&inner, layout, len, rows)?;
         let memlock = map_memlock(inner.fd().as_fd()).unwrap_or(0);
@@ -242,7 +307,7 @@ impl UnwindMaps {
     /// Kernel memory of the inner maps (tables and process mapping tables),
     /// which no descriptor of this process holds once installed.
     pub fn inner_map_bytes(&self) -> u64 {
-        self.tables_memlock + self.process_slots.len() as u64 * self.process_memlock
+        self.tables_memlock + self.pages.memlock()
     }
 
     /// Tables installed.
@@ -257,34 +322,27 @@ impl UnwindMaps {
         pid: u32,
         table: &ProcessMappingTable,
     ) -> Result<(), UnwindMapError> {
-        let update = |map| move |source| UnwindMapError::Update { map, source };
         let mut table = *table;
         table.pid = pid;
-        // A fresh inner array per write: the kernel swaps the pointer
-        // atomically, so BPF never sees a half-written table.
-        let mut inner = Array::<MapData, ProcessMappingTable>::create(1, 0)
-            .map_err(update("PROCESS_MAPPINGS"))?;
-        inner.set(0, table, 0).map_err(update("PROCESS_MAPPINGS"))?;
-        if self.process_memlock == 0 {
-            self.process_memlock = map_memlock(inner.map().fd().as_fd()).unwrap_or(0);
-        }
         if let Some(&slot) = self.process_slots.get(&pid) {
-            return self
-                .processes
-                .set(slot, &inner, 0)
-                .map_err(update("PROCESS_MAPPINGS"));
+            self.pages.write(&mut self.inner, slot, &table)?;
+            // The `exec` tracepoint may have dropped the hash entry's table
+            // (it clears `pid`); the write above restored it.
+            return Ok(());
         }
         let slot = *self
             .free_process_slots
             .last()
-            .ok_or(UnwindMapError::NoFreeProcessSlot(self.processes.len()))?;
-        self.processes
-            .set(slot, &inner, 0)
-            .map_err(update("PROCESS_MAPPINGS"))?;
-        if let Err(e) = self.slots.insert(pid, slot, 0) {
-            // Not published: the slot stays free, its table unreachable.
-            let _ = delete_element(self.processes_fd.as_fd(), slot);
-            return Err(update("PROCESS_SLOTS")(e));
+            .ok_or(UnwindMapError::NoFreeProcessSlot(self.pages.capacity()))?;
+        // The table first, then the hash entry that leads BPF to it.
+        self.pages.write(&mut self.inner, slot, &table)?;
+        if let Err(source) = self.slots.insert(pid, slot, 0) {
+            // Not published: the slot stays free.
+            self.pages.clear(slot);
+            return Err(UnwindMapError::Update {
+                map: "PROCESS_SLOTS",
+                source,
+            });
         }
         self.free_process_slots.pop();
         self.process_slots.insert(pid, slot);
@@ -299,11 +357,7 @@ impl UnwindMaps {
         // The hash entry first: from then on BPF only reaches the slot
         // through a CPU's cache, which checks the table's pid.
         let _ = self.slots.remove(&pid);
-        if let Err(e) = delete_element(self.processes_fd.as_fd(), slot) {
-            // The slot still points at the old table: leave it out of use.
-            tracing::warn!(slot, "cannot clear a process mapping slot: {e}");
-            return;
-        }
+        self.pages.clear(slot);
         self.free_process_slots.push(slot);
     }
 
@@ -332,29 +386,13 @@ fn write_rows_through_mmap(
     len: usize,
     rows: impl Iterator<Item = UnwindRow>,
 ) -> Result<(), UnwindMapError> {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     let elements = layout.elements() as usize;
-    let bytes = elements * size_of::<UnwindChunk>();
-    let length = bytes.div_ceil(page) * page;
-    let fd = map.fd().as_fd().as_raw_fd();
-    // SAFETY: a fresh shared mapping of the array's whole (page-rounded) size.
-    let address = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            length,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    if address == libc::MAP_FAILED {
-        return Err(UnwindMapError::Mmap(std::io::Error::last_os_error()));
-    }
-    // SAFETY: the mapping is at least `bytes` long, aligned to a page, not
-    // aliased, and every bit pattern is a valid chunk.
-    let chunks = unsafe { std::slice::from_raw_parts_mut(address.cast::<UnwindChunk>(), elements) };
+    let mapped =
+        MappedArray::new(map, elements * size_of::<UnwindChunk>()).map_err(UnwindMapError::Mmap)?;
+    // SAFETY: the mapping holds `elements` chunks, is aligned to a page, not
+    // aliased while `chunks` lives, and every bit pattern is a valid chunk.
+    let chunks =
+        unsafe { std::slice::from_raw_parts_mut(mapped.as_ptr().cast::<UnwindChunk>(), elements) };
     let per_fence = layout.stride as usize * ROWS_PER_CHUNK;
     let mut fence = [u32::MAX; FENCE_SLOTS];
     let mut written = 0usize;
@@ -374,8 +412,8 @@ fn write_rows_through_mmap(
         chunks[1 + i / ROWS_PER_CHUNK].rows[i % ROWS_PER_CHUNK] = padding;
     }
     chunks[0] = UnwindChunk::from_fence(fence);
-    // SAFETY: `chunks` is not used after this.
-    unsafe { libc::munmap(address, length) };
+    // Unmapped: `chunks` is not used after this.
+    drop(mapped);
     if written != len {
         return Err(UnwindMapError::BadSize(written));
     }

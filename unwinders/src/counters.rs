@@ -1,9 +1,10 @@
 //! Per-CPU counters, one per outcome or failure mode of the BPF programs.
 //!
 //! Every sample ends in exactly one of `Emitted`, `Idle`, `FilteredOut`,
-//! `ScratchUnavailable`, `RingBufferFull`, `SampleRingMissing` or
-//! `TailCallFailed`; the others count
-//! degradations of emitted samples (a stack cut short, a read that failed).
+//! `UnknownProcess`, `UnwindTablePending`, `ProcessTableChanged`, `ScratchUnavailable`,
+//! `RingBufferFull`, `SampleRingMissing` or `TailCallFailed`; the others
+//! count degradations of emitted samples (a stack cut short, a read that
+//! failed).
 
 /// Index into the `COUNTERS` per-CPU array.
 #[repr(u32)]
@@ -39,7 +40,10 @@ pub enum Counter {
     DwarfFrames = 13,
     /// Frames unwound with frame pointers because no table covered the PC.
     FramePointerFrames = 14,
-    /// Samples of processes whose mappings are not (yet) known to BPF.
+    /// Samples dropped because BPF has no mapping table for the process
+    /// (not described yet, or its image just changed with `exec`): a
+    /// frame-pointer guess would pass for a complete stack. User space is
+    /// told and describes the process.
     UnknownProcess = 15,
     /// CPython frames walked.
     PythonFrames = 16,
@@ -57,10 +61,16 @@ pub enum Counter {
     /// A mapping named a runtime program whose slot is empty (it failed to
     /// load); its frames were unwound as native code instead.
     RuntimeProgramMissing = 22,
+    /// Samples dropped because a frame lies in a file whose unwind table
+    /// user space is still building (the first milliseconds of a new file).
+    UnwindTablePending = 23,
+    /// Samples dropped because user space rewrote the process's mapping
+    /// table while BPF walked the stack with it.
+    ProcessTableChanged = 24,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 23;
+pub const COUNTER_COUNT: u32 = 25;
 
 impl Counter {
     /// Every counter, in index order.
@@ -88,6 +98,8 @@ impl Counter {
         Counter::PythonProcessMissing,
         Counter::SampleRingMissing,
         Counter::RuntimeProgramMissing,
+        Counter::UnwindTablePending,
+        Counter::ProcessTableChanged,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -116,6 +128,8 @@ impl Counter {
             Counter::PythonProcessMissing => "python_process_missing",
             Counter::SampleRingMissing => "sample_ring_missing",
             Counter::RuntimeProgramMissing => "runtime_program_missing",
+            Counter::UnwindTablePending => "unwind_table_pending",
+            Counter::ProcessTableChanged => "process_table_changed",
         }
     }
 }

@@ -8,10 +8,15 @@ pub enum ProcessEventKind {
     Exit = 1,
     /// The process replaced its image with `exec`: its mappings are all new.
     Exec = 2,
+    /// A sample of a process BPF has no mapping table for was dropped:
+    /// user space should describe the process. Sent at most every few
+    /// milliseconds per CPU.
+    Unknown = 3,
 }
 
 /// One lifecycle event: the exit of a process BPF knows (one with a
-/// mapping table), or the exec of any process within the PID filter.
+/// mapping table), the exec of any process within the PID filter, or a
+/// sample of a process BPF does not know.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessEvent {
@@ -32,6 +37,7 @@ impl ProcessEvent {
         match self.kind {
             1 => Some(ProcessEventKind::Exit),
             2 => Some(ProcessEventKind::Exec),
+            3 => Some(ProcessEventKind::Unknown),
             _ => None,
         }
     }

@@ -99,6 +99,20 @@ pub enum Dispatch {
     Handover = 1,
     /// The frame is recorded; the runtime's program runs after the native walk.
     Deferred = 2,
+    /// Native code whose file's unwind table is still being built: the
+    /// sample is dropped and counted rather than unwound with frame
+    /// pointers, which would cut it short. Set by the native half only.
+    TablePending = 3,
+}
+
+/// Values of the `UNKNOWN_PROCESS_POLICY` map: what the native unwinder
+/// does with a sample of a process it has no mapping table for.
+pub mod unknown_process {
+    /// Walk it with frame pointers (user space describes no processes:
+    /// DWARF unwinding is off).
+    pub const WALK_FRAME_POINTERS: u32 = 0;
+    /// Drop it, count it and tell user space, which describes the process.
+    pub const DROP: u32 = 1;
 }
 
 /// Values of [`UnwindState::resume`](crate::UnwindState): what the native

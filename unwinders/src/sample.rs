@@ -14,6 +14,10 @@ pub const MAX_USER_FRAMES: usize = 512;
 /// Capacity of [`SampleRecord::frames`]: kernel frames first, then user frames.
 pub const MAX_FRAMES: usize = MAX_KERNEL_FRAMES + 1 + MAX_USER_FRAMES;
 
+/// Processes excluded from profiling at once (`EXCLUDED_PIDS`); more are
+/// sampled and their samples dropped in user space.
+pub const EXCLUDED_PIDS_MAX: u32 = 16384;
+
 /// CPUs with a sample ring buffer: the size of the per-CPU ring array,
 /// indexed by CPU number (higher-numbered CPUs are not sampled).
 pub const MAX_CPUS: usize = 4096;
@@ -32,9 +36,6 @@ pub mod flags {
     pub const INTERPRETER_TRUNCATED: u32 = 1 << 4;
     /// A runtime's walk stopped on unreadable memory.
     pub const INTERPRETER_INCOMPLETE: u32 = 1 << 5;
-    /// User space had not described the process yet (unwound with frame
-    /// pointers); its reader is woken to learn the process while it runs.
-    pub const PROCESS_UNDESCRIBED: u32 = 1 << 6;
 }
 
 /// Fixed part of a sample.
@@ -101,8 +102,9 @@ pub struct UnwindState {
     /// data waits. Kept across samples.
     pub samples_since_query: u16,
     /// `bpf_ktime_get_ns() >> 20` (about milliseconds, wrapping) when this
-    /// CPU last woke the reader for an undescribed process. Kept across samples.
-    pub undescribed_wakeup: u16,
+    /// CPU last told user space of a process it does not know. Kept across
+    /// samples.
+    pub unknown_reported: u16,
     /// What the native unwinder does with `registers` when a runtime hands
     /// back (a [`crate::runtime::resume`] value).
     pub resume: u8,
@@ -113,7 +115,10 @@ pub struct UnwindState {
     /// remains of its stack and emits).
     pub native_done: u8,
     /// Zero.
-    pub reserved: [u8; 3],
+    pub reserved: u8,
+    /// The low bits of the process mapping table's `seq` when the walk
+    /// began: a table user space rewrote meanwhile voids the sample.
+    pub table_seq: u16,
     /// Each runtime's state area.
     pub runtimes: RuntimeStates,
 }

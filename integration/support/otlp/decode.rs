@@ -132,6 +132,10 @@ pub fn samples(requests: &[ReceivedRequest]) -> Vec<DecodedSample> {
             let string = |key: &str| attrs.get(key).and_then(|v| v.as_str().map(str::to_string));
             let (container_id, pod_uid) = (string("container.id"), string("k8s.pod.uid"));
             let parent_pid = attrs.get("process.parent_pid").and_then(AttrValue::as_int);
+            let labels: std::collections::BTreeMap<String, String> = attrs
+                .iter()
+                .filter_map(|(k, v)| Some((k.to_string(), v.as_str()?.to_string())))
+                .collect();
             for sp in &rp.scope_profiles {
                 for p in &sp.profiles {
                     for s in &p.samples {
@@ -164,6 +168,7 @@ pub fn samples(requests: &[ReceivedRequest]) -> Vec<DecodedSample> {
                             container_id: container_id.clone(),
                             pod_uid: pod_uid.clone(),
                             parent_pid,
+                            labels: labels.clone(),
                         });
                     }
                 }

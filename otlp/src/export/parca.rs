@@ -138,8 +138,18 @@ fn labels(batch: &ProfileBatch, process: &ProcessProfile) -> LabelSet {
     if !info.k8s_pod_uid.is_empty() {
         labels.push(label("pod_uid", &info.k8s_pod_uid));
     }
+    for (_, name, value) in info.k8s.fields() {
+        labels.push(label(name, value));
+    }
     if !batch.host_name.is_empty() {
         labels.push(label("node", &batch.host_name));
+    }
+    for (name, value) in info.labels.iter() {
+        match labels.iter_mut().find(|l| l.name == **name) {
+            Some(existing) if &**name != "__name__" => existing.value = value.to_string(),
+            Some(_) => {}
+            None => labels.push(label(name, value)),
+        }
     }
     LabelSet { labels }
 }

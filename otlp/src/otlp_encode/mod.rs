@@ -189,7 +189,16 @@ fn resource(
     if !info.k8s_pod_uid.is_empty() {
         attributes.push(string_kv("k8s.pod.uid", &info.k8s_pod_uid));
     }
+    for (attribute, _, value) in info.k8s.fields() {
+        attributes.push(string_kv(attribute, value));
+    }
     attributes.push(string_kv("host.name", &batch.host_name));
+    for (name, value) in info.labels.iter() {
+        // `service_name` is service.name already (sources set it from the label).
+        if &**name != "service_name" && !attributes.iter().any(|kv| kv.key == **name) {
+            attributes.push(string_kv(name, value));
+        }
+    }
     for (key, value) in &configured.extra {
         if !attributes.iter().any(|kv| &kv.key == key) {
             attributes.push(string_kv(key, value));

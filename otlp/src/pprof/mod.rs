@@ -183,16 +183,36 @@ impl<'a> Builder<'a> {
                     ..Label::default()
                 },
             ];
-            for (key, value) in [
-                (LABEL_CONTAINER_ID, &process.process.container_id),
-                (LABEL_POD_UID, &process.process.k8s_pod_uid),
-            ] {
+            let k8s = process
+                .process
+                .k8s
+                .fields()
+                .map(|(_, name, value)| (name, value));
+            let ids = [
+                (LABEL_CONTAINER_ID, &*process.process.container_id),
+                (LABEL_POD_UID, &*process.process.k8s_pod_uid),
+            ];
+            for (key, value) in ids.into_iter().chain(k8s) {
                 if !value.is_empty() {
                     label.push(Label {
                         key: self.string(key),
                         str: self.string(value),
                         ..Label::default()
                     });
+                }
+            }
+            for (name, value) in process.process.labels.iter() {
+                let (key, str) = (self.string(name), self.string(value));
+                match label.iter_mut().find(|l| l.key == key) {
+                    Some(existing) => {
+                        existing.str = str;
+                        existing.num = 0;
+                    }
+                    None => label.push(Label {
+                        key,
+                        str,
+                        ..Label::default()
+                    }),
                 }
             }
             self.samples.insert(key, self.profile.sample.len());

@@ -125,6 +125,9 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
                 parent_pid: int_attr(attrs, "process.parent_pid")
                     .and_then(|p| u32::try_from(p).ok())
                     .unwrap_or(0),
+                k8s: Arc::new(k8s_names(attrs)),
+                // The sender's other attributes stay with its OTLP resource.
+                labels: Arc::default(),
             },
             samples,
         });
@@ -294,5 +297,16 @@ impl<'a> FrameCache<'a> {
         });
         self.mappings.insert(index, mapping.clone());
         mapping
+    }
+}
+
+/// The Kubernetes names among a resource's attributes.
+fn k8s_names(attrs: &[KeyValue]) -> crate::model::K8sNames {
+    let name = |key| Arc::from(string_attr(attrs, key).unwrap_or(""));
+    crate::model::K8sNames {
+        pod: name("k8s.pod.name"),
+        namespace: name("k8s.namespace.name"),
+        container: name("k8s.container.name"),
+        node: name("k8s.node.name"),
     }
 }

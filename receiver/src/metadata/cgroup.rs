@@ -16,6 +16,9 @@ pub struct CgroupIdentity {
     /// The systemd unit of a host service (`nginx.service`), when the
     /// process is in no container.
     pub systemd_unit: Option<String>,
+    /// The cgroup path the identity was read from: the v2 one, else the v1
+    /// one naming a container, else the first.
+    pub path: Option<String>,
 }
 
 /// Prefixes runtimes put before a container ID in a cgroup's name.
@@ -39,15 +42,19 @@ pub fn identity_of(proc_cgroup: &str) -> CgroupIdentity {
         .lines()
         .find_map(|line| line.strip_prefix("0::"));
     let mut found = unified.map(path_identity).unwrap_or_default();
+    found.path = unified.or(paths.first().copied()).map(str::to_owned);
     if found.container_id.is_none() {
         // cgroup v1 (or a v2 path that names no container: a hybrid host
         // whose runtime only set up the v1 hierarchies).
         if let Some(v1) = paths
             .iter()
-            .map(|p| path_identity(p))
-            .find(|i| i.container_id.is_some())
+            .map(|p| (*p, path_identity(p)))
+            .find(|(_, i)| i.container_id.is_some())
         {
-            found = v1;
+            found = CgroupIdentity {
+                path: Some(v1.0.to_owned()),
+                ..v1.1
+            };
         }
     }
     found
@@ -73,6 +80,7 @@ pub fn path_identity(path: &str) -> CgroupIdentity {
         container_id,
         pod_uid,
         systemd_unit,
+        path: None,
     }
 }
 
@@ -205,11 +213,16 @@ mod tests {
         let nginx = identity_of("0::/system.slice/nginx.service");
         assert_eq!(nginx.container_id, None);
         assert_eq!(nginx.systemd_unit.as_deref(), Some("nginx.service"));
-        let shell = identity_of("0::/user.slice/user-0.slice/session-3.scope");
+        let mut shell = identity_of("0::/user.slice/user-0.slice/session-3.scope");
+        assert_eq!(
+            shell.path.take().as_deref(),
+            Some("/user.slice/user-0.slice/session-3.scope")
+        );
         assert_eq!(shell, CgroupIdentity::default());
         // Hybrid hierarchy: v2 says nothing, v1 names the container.
         let hybrid = identity_of(&format!("12:cpu,cpuacct:/docker/{ID}\n0::/"));
         assert_eq!(hybrid.container_id, id());
+        assert_eq!(hybrid.path, Some(format!("/docker/{ID}")));
         for junk in [
             "",
             "garbage",
@@ -218,7 +231,9 @@ mod tests {
             "0::/docker/xyz",
             "0::/kubepods/podnot-a-uid/abc",
         ] {
-            assert_eq!(identity_of(junk), CgroupIdentity::default(), "{junk:?}");
+            let mut found = identity_of(junk);
+            found.path = None;
+            assert_eq!(found, CgroupIdentity::default(), "{junk:?}");
         }
         // A 64-character name that is not hex is no container ID.
         let not_hex = "g".repeat(64);

@@ -2,3 +2,6 @@
 //! Kubernetes pod, for the OTLP resource and the labels.
 
 pub mod cgroup;
+pub mod kubernetes;
+pub mod labels;
+pub mod pods;

@@ -45,9 +45,18 @@ pub struct MappingEntry {
 }
 
 /// The executable mappings of one process, sorted by `start`, non-overlapping.
+///
+/// User space rewrites a table in place, through a memory mapping of its
+/// page, as a sequence lock: `seq` is odd while it writes and moves on when
+/// it is done, so BPF ignores a table whose `seq` is odd or changed during a
+/// walk.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ProcessMappingTable {
+    /// Sequence lock: odd while user space writes the table.
+    pub seq: u32,
+    /// Zero.
+    pub reserved_header: u32,
     /// Entries in use.
     pub count: u32,
     /// Zero. BPF starts its table searches from it (see `find_row`).
@@ -65,11 +74,13 @@ pub struct ProcessMappingTable {
 
 const _: () = assert!(core::mem::size_of::<MappingEntry>() == 48);
 const _: () =
-    assert!(core::mem::size_of::<ProcessMappingTable>() == 16 + 48 * MAX_PROCESS_MAPPINGS);
+    assert!(core::mem::size_of::<ProcessMappingTable>() == 24 + 48 * MAX_PROCESS_MAPPINGS);
 
 impl Default for ProcessMappingTable {
     fn default() -> Self {
         ProcessMappingTable {
+            seq: 0,
+            reserved_header: 0,
             count: 0,
             reserved: 0,
             pid: 0,
@@ -117,6 +128,24 @@ impl ProcessMappingTable {
 
 /// Processes with a mapping table at once (slots of `PROCESS_MAPPINGS`).
 pub const PROCESS_SLOTS_MAX: usize = 16384;
+
+/// Tables per page: slot `s` is table `s % PROCESS_TABLES_PER_PAGE` of
+/// page `s / PROCESS_TABLES_PER_PAGE` (an inner array of `PROCESS_MAPPINGS`).
+/// Inserting a page into the outer array waits for an RCU grace period
+/// (tens of milliseconds), so pages hold many tables, written in place.
+pub const PROCESS_TABLES_PER_PAGE: usize = 32;
+const _: () = assert!(PROCESS_TABLES_PER_PAGE.is_power_of_two());
+
+/// Pages of `PROCESS_MAPPINGS`.
+pub const PROCESS_PAGES: usize = PROCESS_SLOTS_MAX / PROCESS_TABLES_PER_PAGE;
+
+impl ProcessMappingTable {
+    /// Whether the table is being written (`seq` odd).
+    #[inline(always)]
+    pub fn being_written(seq: u32) -> bool {
+        seq & 1 != 0
+    }
+}
 
 /// Recent pid → slot answers per CPU (direct-mapped).
 pub const PROCESS_SLOT_CACHE_ENTRIES: usize = 64;
