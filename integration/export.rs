@@ -471,7 +471,8 @@ fn credentials_in_the_endpoint_url_are_sent_and_never_logged() {
     }
 }
 
-/// `relabel_configs` and `external_labels` from a YAML config: of two
+/// `relabel_configs` and `external_labels` from a YAML config (and
+/// `--command-line-attribute`): of two
 /// programs running before the agent starts, a `drop` rule removes one and a
 /// `keep` rule every other process on the host, in BPF (their samples never
 /// reach the ring); `replace` and `labelmap` rules and the external label
@@ -527,6 +528,7 @@ fn relabeling_names_kept_processes_and_drops_the_rest_in_bpf() {
         format!("http://127.0.0.1:{}", receiver.port),
         s("--parca-endpoint"),
         format!("http://127.0.0.1:{port}"),
+        s("--command-line-attribute"),
     ]);
     args.extend(duration_args(RUN));
     let mut icecore = Icecore::spawn(&args, tmp.path());
@@ -553,6 +555,18 @@ fn relabeling_names_kept_processes_and_drops_the_rest_in_bpf() {
             "{TEST}: {resource}"
         );
         assert_eq!(resource["cluster"], "test-east", "{TEST}: {resource}");
+        assert_eq!(
+            resource["process.command_line"],
+            format!("{} cycle 60", keep.display()),
+            "{TEST}: {resource}"
+        );
+        assert_eq!(resource["os.type"], "linux", "{TEST}: {resource}");
+        let arch = if machine == "x86_64" {
+            "amd64"
+        } else {
+            "arm64"
+        };
+        assert_eq!(resource["host.arch"], arch, "{TEST}: {resource}");
         assert!(
             resource.get("__meta_process_pid").is_none(),
             "{TEST}: meta labels leak: {resource}"

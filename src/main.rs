@@ -103,6 +103,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         )));
     }
     options.kubernetes = kubernetes_options(&config);
+    options.command_lines = config.command_line_attribute;
     let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;
     let mut receiver = None;
     let received = match otlp_listener {

@@ -159,6 +159,7 @@ fn batch() -> ProfileBatch {
         duration_nanos: DURATION,
         period_nanos: 1_000_000_000 / 19,
         host_name: "bench-host".into(),
+        host: icecore_otlp::model::HostInfo::this_host(),
         processes,
     }
 }

@@ -42,6 +42,10 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "FILE")]
     kubernetes_ca_file: Option<String>,
 
+    /// Send each process's arguments as `process.command_line` on OTLP (off by default: arguments may hold secrets)
+    #[arg(long)]
+    command_line_attribute: bool,
+
     /// Label added to every profile (OTLP resource attribute, Parca and pprof label), NAME=VALUE; repeat for more [default: none]
     #[arg(long = "external-label", value_name = "NAME=VALUE")]
     external_labels: Vec<String>,
@@ -342,6 +346,7 @@ impl Cli {
                 self.kubernetes_token_file.as_deref(),
                 export::token_file,
             )?,
+            command_line_attribute: self.command_line_attribute.then_some(true),
             kubernetes_ca_file: check(
                 "kubernetes-ca-file",
                 self.kubernetes_ca_file.as_deref(),

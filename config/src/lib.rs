@@ -123,6 +123,8 @@ pub struct Config {
     pub kubernetes_token_file: Option<PathBuf>,
     /// CA file of the Kubernetes API server's certificate.
     pub kubernetes_ca_file: Option<PathBuf>,
+    /// Whether OTLP resources carry `process.command_line`.
+    pub command_line_attribute: bool,
     /// A Parca server to push pprof to with `WriteRaw`, if any.
     pub parca: Option<OtlpEndpoint>,
     /// Bearer token file for the Parca server, if any.
@@ -271,6 +273,7 @@ pub(crate) struct Settings {
     pub node_name: Option<String>,
     pub kubernetes_token_file: Option<PathBuf>,
     pub kubernetes_ca_file: Option<PathBuf>,
+    pub command_line_attribute: Option<bool>,
     pub otlp_listen: Option<SocketAddr>,
     pub otlp_listen_bearer_token_file: Option<PathBuf>,
     pub otlp_listen_memory_bytes: Option<u64>,
@@ -312,6 +315,7 @@ impl Settings {
             node_name: self.node_name.or(lower.node_name),
             kubernetes_token_file: self.kubernetes_token_file.or(lower.kubernetes_token_file),
             kubernetes_ca_file: self.kubernetes_ca_file.or(lower.kubernetes_ca_file),
+            command_line_attribute: self.command_line_attribute.or(lower.command_line_attribute),
             otlp_listen: self.otlp_listen.or(lower.otlp_listen),
             parca: self.parca.or(lower.parca),
             parca_bearer_token_file: self
@@ -368,6 +372,7 @@ impl Settings {
             node_name: self.node_name,
             kubernetes_token_file: self.kubernetes_token_file,
             kubernetes_ca_file: self.kubernetes_ca_file,
+            command_line_attribute: self.command_line_attribute.unwrap_or(false),
             otlp_listen: self.otlp_listen,
             parca: self.parca,
             parca_bearer_token_file: self.parca_bearer_token_file,

@@ -132,6 +132,9 @@ pub struct ProcessInfo {
     pub k8s_pod_uid: Arc<str>,
     /// The parent process's ID (`process.parent_pid`); 0 when unknown.
     pub parent_pid: u32,
+    /// Its arguments joined by spaces (`process.command_line`), only when
+    /// configured (arguments may hold secrets); empty otherwise.
+    pub command_line: Arc<str>,
     /// The Kubernetes pod's name (`k8s.pod.name`), namespace
     /// (`k8s.namespace.name`), container (`k8s.container.name`) and node
     /// (`k8s.node.name`), from the Kubernetes API; empty when unknown.
@@ -141,6 +144,36 @@ pub struct ProcessInfo {
     /// Parca series labels and pprof sample labels alike. A label of the
     /// same name as one of the fields above wins over it on Parca and pprof.
     pub labels: Labels,
+}
+
+/// What is known of the machine samples come from, beyond its name: one
+/// value per batch, since the receiver's batches come from other hosts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct HostInfo {
+    /// `host.arch`, as OpenTelemetry names it (`amd64`, `arm64`, ...); empty
+    /// when unknown.
+    pub arch: Arc<str>,
+    /// `os.type` (`linux`); empty when unknown.
+    pub os_type: Arc<str>,
+}
+
+impl HostInfo {
+    /// This machine, as this build of icecore runs on it.
+    pub fn this_host() -> Self {
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            "x86" => "x86",
+            "powerpc64" => "ppc64",
+            "s390x" => "s390x",
+            "arm" => "arm32",
+            other => other,
+        };
+        HostInfo {
+            arch: Arc::from(arch),
+            os_type: Arc::from(std::env::consts::OS),
+        }
+    }
 }
 
 /// Names of a process's Kubernetes pod, container and node.
@@ -260,6 +293,8 @@ pub struct ProfileBatch {
     pub period_nanos: i64,
     /// `host.name` of the machine the samples come from.
     pub host_name: Arc<str>,
+    /// The rest of what is known of that machine.
+    pub host: HostInfo,
     /// One entry per process that had samples.
     pub processes: Vec<ProcessProfile>,
 }
@@ -424,6 +459,7 @@ impl ProfileBatch {
             duration_nanos: end.saturating_sub(start),
             period_nanos: first.map_or(0, |b| b.period_nanos),
             host_name: first.map_or_else(|| Arc::from(""), |b| b.host_name.clone()),
+            host: first.map(|b| b.host.clone()).unwrap_or_default(),
             processes,
         }
     }

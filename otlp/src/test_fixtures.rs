@@ -121,6 +121,10 @@ pub(crate) fn batch() -> ProfileBatch {
         duration_nanos: DURATION,
         period_nanos: PERIOD,
         host_name: "testhost".into(),
+        host: crate::model::HostInfo {
+            arch: "amd64".into(),
+            os_type: "linux".into(),
+        },
         processes: vec![
             ProcessProfile {
                 // In a Kubernetes pod's container.

@@ -137,6 +137,7 @@ impl Aggregator {
             duration_nanos: window.duration_nanos,
             period_nanos: window.period_nanos,
             host_name: window.host_name,
+            host: window.host,
             processes: processes_out,
         };
         (batch, stats)
@@ -154,6 +155,8 @@ pub struct BatchWindow {
     pub period_nanos: i64,
     /// `host.name`.
     pub host_name: Arc<str>,
+    /// `host.arch`, `os.type`.
+    pub host: icecore_otlp::model::HostInfo,
 }
 
 fn comm_str(comm: &[u8; 16]) -> std::borrow::Cow<'_, str> {

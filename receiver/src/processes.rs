@@ -147,6 +147,8 @@ pub struct ProcessTable {
     pods: Option<SharedPods>,
     /// The pods' generation the tracked images were labeled with.
     pods_generation: u64,
+    /// Whether images carry their command line (`process.command_line`).
+    command_lines: bool,
 }
 
 impl ProcessTable {
@@ -161,7 +163,14 @@ impl ProcessTable {
             newly_included: Vec::new(),
             pods: None,
             pods_generation: 0,
+            command_lines: false,
         }
+    }
+
+    /// Gives each image learned from now on its command line as
+    /// `process.command_line` (off by default: arguments may hold secrets).
+    pub fn set_command_lines(&mut self, on: bool) {
+        self.command_lines = on;
     }
 
     /// Names each image in a pod from `pods` from now on.
@@ -232,6 +241,9 @@ impl ProcessTable {
             _ => None,
         };
         let mut process = TrackedProcess::from_snapshot(snapshot, image, exec_ktime);
+        if self.command_lines {
+            process.info.command_line = Arc::from(process.facts.cmdline.as_str());
+        }
         if pod.is_some() {
             labels::apply_pod(&mut process.info, pod.as_deref());
         }

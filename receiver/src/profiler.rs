@@ -68,6 +68,8 @@ pub struct ProfilerOptions {
     /// Where to watch this node's pods for their names and labels; none
     /// when `None` (processes in pods keep their IDs).
     pub kubernetes: Option<KubernetesOptions>,
+    /// Whether processes carry their command line (`process.command_line`).
+    pub command_lines: bool,
 }
 
 impl ProfilerOptions {
@@ -82,6 +84,7 @@ impl ProfilerOptions {
             startup_tables_wait: Duration::from_secs(10),
             labeler: None,
             kubernetes: None,
+            command_lines: false,
         }
     }
 }
@@ -187,6 +190,7 @@ impl CpuProfiler {
         sampler_options.exclusions = options.labeler.as_ref().is_some_and(|l| l.may_exclude());
         let mut sampler = CpuSampler::load(&sampler_options)?;
         let mut processes = ProcessTable::new(options.max_processes);
+        processes.set_command_lines(options.command_lines);
         if let Some(labeler) = &options.labeler {
             processes.set_labeler(labeler.clone());
         }
@@ -407,6 +411,7 @@ impl CpuProfiler {
             duration_nanos: now.saturating_sub(self.window_start).max(1),
             period_nanos: self.period_nanos,
             host_name: self.host_name.clone(),
+            host: icecore_otlp::model::HostInfo::this_host(),
         };
         self.window_start = now;
         let (batch, interval) = self.aggregator.take_batch(

@@ -94,6 +94,7 @@ impl ParcaExporter {
                     duration_nanos: batch.duration_nanos,
                     period_nanos: batch.period_nanos,
                     host_name: batch.host_name.clone(),
+                    host: batch.host.clone(),
                     processes: vec![process.clone()],
                 };
                 match encode_gzip(&one) {

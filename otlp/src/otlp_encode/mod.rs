@@ -182,6 +182,9 @@ fn resource(
     if info.parent_pid != 0 {
         attributes.push(int_kv("process.parent_pid", i64::from(info.parent_pid)));
     }
+    if !info.command_line.is_empty() {
+        attributes.push(string_kv("process.command_line", &info.command_line));
+    }
     // Only known inside a container or pod: omitted otherwise.
     if !info.container_id.is_empty() {
         attributes.push(string_kv("container.id", &info.container_id));
@@ -193,6 +196,12 @@ fn resource(
         attributes.push(string_kv(attribute, value));
     }
     attributes.push(string_kv("host.name", &batch.host_name));
+    if !batch.host.arch.is_empty() {
+        attributes.push(string_kv("host.arch", &batch.host.arch));
+    }
+    if !batch.host.os_type.is_empty() {
+        attributes.push(string_kv("os.type", &batch.host.os_type));
+    }
     for (name, value) in info.labels.iter() {
         // `service_name` is service.name already (sources set it from the label).
         if &**name != "service_name" && !attributes.iter().any(|kv| kv.key == **name) {

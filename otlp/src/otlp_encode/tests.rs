@@ -195,6 +195,14 @@ fn profile_shape_resource_and_scope() {
         &Value::StringValue("testhost".into())
     );
     assert_eq!(
+        resource_attr(attrs, "host.arch"),
+        &Value::StringValue("amd64".into())
+    );
+    assert_eq!(
+        resource_attr(attrs, "os.type"),
+        &Value::StringValue("linux".into())
+    );
+    assert_eq!(
         resource_attr(attrs, "container.id"),
         &Value::StringValue(test_fixtures::CONTAINER_ID.into())
     );

@@ -64,6 +64,7 @@ fn icecore_requests_round_trip_through_the_model() {
     assert_eq!(shape(batch), shape(&original));
     assert_eq!(batch.period_nanos, original.period_nanos);
     assert_eq!(batch.host_name, original.host_name);
+    assert_eq!(batch.host, original.host);
     let process = &batch.processes[0].process;
     assert_eq!(process, &original.processes[0].process);
     // The body forwarded decodes to the same request.

@@ -13,7 +13,8 @@ use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::profiles::v1development::{Profile, ProfilesDictionary};
 
 use crate::model::{
-    Frame, FrameKind, Line, Mapping, ProcessInfo, ProcessProfile, ProfileBatch, SampleGroup,
+    Frame, FrameKind, HostInfo, Line, Mapping, ProcessInfo, ProcessProfile, ProfileBatch,
+    SampleGroup,
 };
 use crate::otlp_encode::{ATTR_BUILD_ID_GNU, ATTR_FRAME_TYPE, ATTR_THREAD_ID, ATTR_THREAD_NAME};
 
@@ -38,14 +39,21 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
     let mut skipped_profiles = 0;
     let (mut start, mut end, mut period) = (u64::MAX, 0u64, 0i64);
     let mut host_name: Arc<str> = Arc::from("");
+    let mut host = HostInfo::default();
     for resource in &request.resource_profiles {
         let attrs = resource
             .resource
             .as_ref()
             .map(|r| r.attributes.as_slice())
             .unwrap_or_default();
-        if let Some(host) = string_attr(attrs, "host.name") {
-            host_name = Arc::from(host);
+        if let Some(name) = string_attr(attrs, "host.name") {
+            host_name = Arc::from(name);
+        }
+        if let Some(arch) = string_attr(attrs, "host.arch") {
+            host.arch = Arc::from(arch);
+        }
+        if let Some(os) = string_attr(attrs, "os.type") {
+            host.os_type = Arc::from(os);
         }
         let mut samples = Vec::new();
         for profile in resource.scope_profiles.iter().flat_map(|s| &s.profiles) {
@@ -125,6 +133,7 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
                 parent_pid: int_attr(attrs, "process.parent_pid")
                     .and_then(|p| u32::try_from(p).ok())
                     .unwrap_or(0),
+                command_line: Arc::from(string_attr(attrs, "process.command_line").unwrap_or("")),
                 k8s: Arc::new(k8s_names(attrs)),
                 // The sender's other attributes stay with its OTLP resource.
                 labels: Arc::default(),
@@ -140,6 +149,7 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
         duration_nanos: end.saturating_sub(start),
         period_nanos: period,
         host_name,
+        host,
         processes,
     };
     Converted {
