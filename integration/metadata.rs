@@ -402,3 +402,124 @@ fn pod_names_come_from_the_api_server_and_ids_without_it() {
         "{TEST}: no watch from the list's version: {requests:?}"
     );
 }
+
+/// A fake Docker Engine on a Unix socket: answers `GET /containers/ID/json`
+/// for `id` with `name` and 404 for any other container.
+fn fake_docker(socket: &Path, id: &'static str, name: &'static str) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut first = String::new();
+            let _ = reader.read_line(&mut first);
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+            }
+            let (status, body) = if first.starts_with(&format!("GET /containers/{id}/json ")) {
+                (
+                    "200 OK",
+                    format!(
+                        r#"{{"Id":"{id}","Name":"/{name}","Config":{{"Image":"nginx:1.27","Labels":{{"com.docker.compose.service":"web"}}}}}}"#
+                    ),
+                )
+            } else {
+                (
+                    "404 Not Found",
+                    r#"{"message":"No such container"}"#.to_owned(),
+                )
+            };
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+}
+
+/// A process in a cgroup named as Docker names its containers gets the
+/// container's name from the Docker Engine's socket (a fake one) as
+/// `container.name` and, no pod naming it, as `service.name`.
+#[test]
+fn docker_containers_are_named_from_the_engine() {
+    const TEST: &str = "docker_containers_are_named_from_the_engine";
+    const CONTAINER: &str = "5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d";
+    if !require_root(TEST) {
+        return;
+    }
+    let Some(root) = cgroup2_root() else {
+        prerequisite(TEST, false, "no cgroup v2 hierarchy mounted");
+        return;
+    };
+    let _serial = serial();
+    let cgroup = format!("system.slice/docker-{CONTAINER}.scope");
+    let _made = Cgroups::make(&root, [cgroup.as_str()]);
+    let tmp = temp_dir();
+    let exe = compile_native_c(C_FLAGS, tmp.path(), "native");
+    let socket = tmp.path().join("docker.sock");
+    fake_docker(&socket, CONTAINER, "web-frontend");
+    let args = [
+        "--docker-socket".to_owned(),
+        socket.display().to_string(),
+        "--kubernetes-api".to_owned(),
+        "off".to_owned(),
+    ];
+    let mut run = SystemWideRun::spawn(tmp, HZ, &args);
+    let mut child = spawn_in(&root.join(&cgroup), &exe);
+    std::thread::sleep(Duration::from_secs(4));
+    let _ = run
+        .icecore
+        .metrics_after_next_batch(Duration::from_secs(30));
+    run.icecore.stop();
+    let pid = child.id();
+    let _ = child.kill();
+    let _ = child.wait();
+    let of_fixture = |samples: Vec<DecodedSample>| -> Vec<DecodedSample> {
+        samples
+            .into_iter()
+            .filter(|s| s.pid == Some(i64::from(pid)) && s.comm.as_deref() == Some("native"))
+            .collect()
+    };
+    let otlp = of_fixture(run.otlp_of(pid).samples);
+    let pprof_samples = of_fixture(pprof::all_samples(&pprof::decode_dir(&run.pprof_dir)));
+    let named = |s: &&DecodedSample, key: &str| {
+        s.labels.get(key).map(String::as_str) == Some("web-frontend")
+    };
+    let otlp_named: u64 = otlp
+        .iter()
+        .filter(|s| named(s, "container.name") && named(s, "service.name"))
+        .map(|s| s.count)
+        .sum();
+    let pprof_named: u64 = pprof_samples
+        .iter()
+        .filter(|s| named(s, "container_name"))
+        .map(|s| s.count)
+        .sum();
+    println!(
+        "{TEST}: OTLP {otlp_named} of {} samples named, pprof {pprof_named} of {}; first resource {:?}",
+        total(&otlp),
+        total(&pprof_samples),
+        otlp.first().map(|s| &s.labels)
+    );
+    // The name arrives after the process's first samples (the engine is
+    // asked when the process is learned): most, not all, carry it.
+    assert!(
+        total(&otlp) > 0,
+        "{TEST}: no samples\n{}",
+        run.icecore.output()
+    );
+    assert!(
+        otlp_named * 10 >= total(&otlp) * 8 && pprof_named * 10 >= total(&pprof_samples) * 8,
+        "{TEST}: under 80% of the samples named web-frontend"
+    );
+    assert!(
+        otlp.iter()
+            .all(|s| s.container_id.as_deref() == Some(CONTAINER))
+    );
+}

@@ -104,6 +104,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     options.kubernetes = kubernetes_options(&config);
     options.command_lines = config.command_line_attribute;
+    options.docker_socket = match &config.docker_socket {
+        Some(icecore_config::DockerSocket::Off) => None,
+        Some(icecore_config::DockerSocket::Path(path)) => Some(path.clone()),
+        None => {
+            let default = std::path::Path::new(icecore_receiver::metadata::docker::DEFAULT_SOCKET);
+            default.exists().then(|| default.to_path_buf())
+        }
+    };
     let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;
     let mut receiver = None;
     let received = match otlp_listener {

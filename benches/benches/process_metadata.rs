@@ -13,7 +13,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use icecore_config::relabel::{RelabelRules, RuleSpec};
-use icecore_receiver::metadata::labels::{ProcessFacts, meta_labels};
+use icecore_receiver::metadata::labels::{ProcessFacts, Workload, meta_labels};
 use icecore_receiver::metadata::pods::PodMeta;
 use icecore_receiver::processes::ImageSnapshot;
 
@@ -97,13 +97,20 @@ fn process_metadata(c: &mut Criterion) {
             black_box(meta_labels(
                 black_box(&snapshot.info),
                 &snapshot.facts,
-                Some(&pod),
+                Workload {
+                    pod: Some(&pod),
+                    docker: None,
+                },
             ))
         })
     });
     let rules = rules();
     assert_eq!(rules.rules().len(), 5, "the rules are valid");
-    let meta = meta_labels(&snapshot.info, &snapshot.facts, Some(&pod));
+    let in_pod = Workload {
+        pod: Some(&pod),
+        docker: None,
+    };
+    let meta = meta_labels(&snapshot.info, &snapshot.facts, in_pod);
     group.bench_function("relabel_five_rules", |b| {
         b.iter(|| black_box(rules.apply(black_box(meta.clone()))))
     });

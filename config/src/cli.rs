@@ -42,6 +42,10 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "FILE")]
     kubernetes_ca_file: Option<String>,
 
+    /// The Docker Engine's Unix socket, to name Docker containers, or `off` [default: /var/run/docker.sock if it exists]
+    #[arg(long, value_name = "PATH")]
+    docker_socket: Option<String>,
+
     /// Send each process's arguments as `process.command_line` on OTLP (off by default: arguments may hold secrets)
     #[arg(long)]
     command_line_attribute: bool,
@@ -347,6 +351,11 @@ impl Cli {
                 export::token_file,
             )?,
             command_line_attribute: self.command_line_attribute.then_some(true),
+            docker_socket: check(
+                "docker-socket",
+                self.docker_socket.as_deref(),
+                validate::docker_socket,
+            )?,
             kubernetes_ca_file: check(
                 "kubernetes-ca-file",
                 self.kubernetes_ca_file.as_deref(),

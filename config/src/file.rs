@@ -19,7 +19,7 @@ const RELABEL_RULE_KEYS: &str =
     "action, source_labels, separator, regex, target_label, replacement, modulus";
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 34] = [
+pub const KEYS: [&str; 35] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -38,6 +38,7 @@ pub const KEYS: [&str; 34] = [
     "kubernetes_token_file",
     "kubernetes_ca_file",
     "command_line_attribute",
+    "docker_socket",
     "otlp_listen",
     "otlp_listen_bearer_token_file",
     "otlp_listen_memory",
@@ -216,6 +217,7 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         kubernetes_token_file: reader.string("kubernetes_token_file", export::token_file)?,
         kubernetes_ca_file: reader.string("kubernetes_ca_file", export::pem_file)?,
         command_line_attribute: reader.boolean("command_line_attribute")?,
+        docker_socket: reader.string("docker_socket", validate::docker_socket)?,
         otlp_listen: reader.string("otlp_listen", export::listen_address)?,
         parca: reader.string("parca_endpoint", validate::otlp_endpoint)?,
         parca_bearer_token_file: reader.string("parca_bearer_token_file", export::token_file)?,

@@ -66,6 +66,15 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 /// has exactly these).
 pub const RUNTIME_NAMES: [&str; 2] = ["cpython", "perf-map"];
 
+/// Where Docker container names are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DockerSocket {
+    /// Not at all (`off`).
+    Off,
+    /// This Unix socket.
+    Path(PathBuf),
+}
+
 /// Where the node's pods are read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KubernetesApi {
@@ -125,6 +134,9 @@ pub struct Config {
     pub kubernetes_ca_file: Option<PathBuf>,
     /// Whether OTLP resources carry `process.command_line`.
     pub command_line_attribute: bool,
+    /// The Docker Engine socket to name containers by: `None` for the
+    /// default one if it exists.
+    pub docker_socket: Option<DockerSocket>,
     /// A Parca server to push pprof to with `WriteRaw`, if any.
     pub parca: Option<OtlpEndpoint>,
     /// Bearer token file for the Parca server, if any.
@@ -274,6 +286,7 @@ pub(crate) struct Settings {
     pub kubernetes_token_file: Option<PathBuf>,
     pub kubernetes_ca_file: Option<PathBuf>,
     pub command_line_attribute: Option<bool>,
+    pub docker_socket: Option<DockerSocket>,
     pub otlp_listen: Option<SocketAddr>,
     pub otlp_listen_bearer_token_file: Option<PathBuf>,
     pub otlp_listen_memory_bytes: Option<u64>,
@@ -316,6 +329,7 @@ impl Settings {
             kubernetes_token_file: self.kubernetes_token_file.or(lower.kubernetes_token_file),
             kubernetes_ca_file: self.kubernetes_ca_file.or(lower.kubernetes_ca_file),
             command_line_attribute: self.command_line_attribute.or(lower.command_line_attribute),
+            docker_socket: self.docker_socket.or(lower.docker_socket),
             otlp_listen: self.otlp_listen.or(lower.otlp_listen),
             parca: self.parca.or(lower.parca),
             parca_bearer_token_file: self
@@ -373,6 +387,7 @@ impl Settings {
             kubernetes_token_file: self.kubernetes_token_file,
             kubernetes_ca_file: self.kubernetes_ca_file,
             command_line_attribute: self.command_line_attribute.unwrap_or(false),
+            docker_socket: self.docker_socket,
             otlp_listen: self.otlp_listen,
             parca: self.parca,
             parca_bearer_token_file: self.parca_bearer_token_file,

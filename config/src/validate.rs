@@ -512,6 +512,25 @@ pub(crate) fn node_name(text: &str) -> Result<String, Invalid> {
     }
 }
 
+/// The form of `--docker-socket`.
+pub(crate) const EXPECTED_DOCKER_SOCKET: &str =
+    "the path of the Docker Engine's Unix socket, or `off`";
+
+/// Parses `--docker-socket`.
+pub(crate) fn docker_socket(text: &str) -> Result<crate::DockerSocket, Invalid> {
+    let text = text.trim();
+    if text == "off" {
+        return Ok(crate::DockerSocket::Off);
+    }
+    if !text.starts_with('/') || text.contains('\0') {
+        return Err(Invalid::because(
+            EXPECTED_DOCKER_SOCKET,
+            "not an absolute path",
+        ));
+    }
+    Ok(crate::DockerSocket::Path(PathBuf::from(text)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -130,6 +130,9 @@ pub struct ProcessInfo {
     pub container_id: Arc<str>,
     /// The Kubernetes pod it runs in (`k8s.pod.uid`); empty when none.
     pub k8s_pod_uid: Arc<str>,
+    /// The container's name as its runtime knows it (`container.name`,
+    /// from the Docker Engine); empty when unknown.
+    pub container_name: Arc<str>,
     /// The parent process's ID (`process.parent_pid`); 0 when unknown.
     pub parent_pid: u32,
     /// Its arguments joined by spaces (`process.command_line`), only when

@@ -11,7 +11,8 @@ use icecore_otlp::model::ProcessInfo;
 use lru::LruCache;
 use tracing::debug;
 
-use crate::metadata::labels::{self, ProcessFacts, ProcessLabeler};
+use crate::metadata::docker::DockerNames;
+use crate::metadata::labels::{self, ProcessFacts, ProcessLabeler, Workload};
 use crate::metadata::pods::SharedPods;
 use crate::process_maps::{self, MappedFile, ProcessMappings};
 
@@ -85,6 +86,13 @@ impl ImageSnapshot {
         let facts = ProcessFacts::read(pid, &cgroup);
         let name: Arc<str> = match &path {
             Some(p) => Arc::from(p.rsplit('/').next().unwrap_or(p.as_str())),
+            // A kernel thread, or a process learned without a sample (at
+            // start, at a report of BPF): its own `comm`.
+            None if comm.is_empty() => Arc::from(
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .map(|c| c.trim_end().to_owned())
+                    .unwrap_or_default(),
+            ),
             None => Arc::from(comm),
         };
         ImageSnapshot {
@@ -145,8 +153,11 @@ pub struct ProcessTable {
     newly_included: Vec<u32>,
     /// The node's pods, when Kubernetes is watched.
     pods: Option<SharedPods>,
-    /// The pods' generation the tracked images were labeled with.
-    pods_generation: u64,
+    /// Docker's names of containers, when its socket is there.
+    docker: Option<DockerNames>,
+    /// The pods' and Docker answers' generations the tracked images were
+    /// labeled with.
+    metadata_generation: (u64, u64),
     /// Whether images carry their command line (`process.command_line`).
     command_lines: bool,
 }
@@ -162,7 +173,8 @@ impl ProcessTable {
             newly_excluded: Vec::new(),
             newly_included: Vec::new(),
             pods: None,
-            pods_generation: 0,
+            docker: None,
+            metadata_generation: (0, 0),
             command_lines: false,
         }
     }
@@ -178,31 +190,45 @@ impl ProcessTable {
         self.pods = Some(pods);
     }
 
+    /// Names each image in a Docker container through `docker` from now on.
+    pub fn set_docker(&mut self, docker: DockerNames) {
+        self.docker = Some(docker);
+    }
+
     /// The pids of the images no longer excluded since the last call.
     pub fn take_included(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.newly_included)
     }
 
-    /// Names and labels the images in pods again if the pods changed since
-    /// (metadata that arrived after the process). Returns whether they did.
-    pub fn refresh_pods(&mut self) -> bool {
-        let Some(pods) = self.pods.clone() else {
-            return false;
-        };
-        let Ok(index) = pods.read() else {
-            return false;
-        };
-        if index.generation() == self.pods_generation {
+    /// Names and labels the images in pods or containers again if what is
+    /// known of those changed since (metadata that arrived after the
+    /// process). Returns whether it did.
+    pub fn refresh_metadata(&mut self) -> bool {
+        let pods = self.pods.clone();
+        let pods = pods.as_ref().and_then(|p| p.read().ok());
+        let generation = (
+            pods.as_ref().map_or(0, |p| p.generation()),
+            self.docker.as_ref().map_or(0, DockerNames::generation),
+        );
+        if generation == self.metadata_generation {
             return false;
         }
-        self.pods_generation = index.generation();
+        self.metadata_generation = generation;
         let labeler = self.labeler.clone();
+        let docker = self.docker.clone();
         for (&pid, process) in self.processes.iter_mut() {
-            if process.info.k8s_pod_uid.is_empty() {
+            if process.info.container_id.is_empty() && process.info.k8s_pod_uid.is_empty() {
                 continue;
             }
-            let pod = index.get(&process.info.k8s_pod_uid);
-            labels::apply_pod(&mut process.info, pod.as_deref());
+            let pod = pods.as_ref().and_then(|p| p.get(&process.info.k8s_pod_uid));
+            let container = docker
+                .as_ref()
+                .and_then(|d| d.lookup(&process.info.container_id));
+            let workload = Workload {
+                pod: pod.as_deref(),
+                docker: container.as_deref(),
+            };
+            labels::apply_workload(&mut process.info, workload);
             let Some(labeler) = &labeler else {
                 continue;
             };
@@ -210,7 +236,7 @@ impl ProcessTable {
                 labeler.as_ref(),
                 &mut process.info,
                 &process.facts,
-                pod.as_deref(),
+                workload,
             );
             if keep == process.excluded {
                 process.excluded = !keep;
@@ -240,19 +266,27 @@ impl ProcessTable {
             (Some(pods), uid) if !uid.is_empty() => pods.read().ok().and_then(|p| p.get(uid)),
             _ => None,
         };
+        let container = self
+            .docker
+            .as_ref()
+            .and_then(|d| d.lookup(&snapshot.info.container_id));
+        let workload = Workload {
+            pod: pod.as_deref(),
+            docker: container.as_deref(),
+        };
         let mut process = TrackedProcess::from_snapshot(snapshot, image, exec_ktime);
         if self.command_lines {
             process.info.command_line = Arc::from(process.facts.cmdline.as_str());
         }
-        if pod.is_some() {
-            labels::apply_pod(&mut process.info, pod.as_deref());
+        if workload.pod.is_some() || workload.docker.is_some() {
+            labels::apply_workload(&mut process.info, workload);
         }
         if let Some(labeler) = &self.labeler
             && !labels::apply(
                 labeler.as_ref(),
                 &mut process.info,
                 &process.facts,
-                pod.as_deref(),
+                workload,
             )
         {
             process.excluded = true;

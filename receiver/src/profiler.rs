@@ -21,6 +21,7 @@ use crate::{
     exec_watch::{ExecWatcher, Lifecycle},
     host,
     metadata::{
+        docker::DockerNames,
         kubernetes::{self, KubernetesOptions},
         labels::ProcessLabeler,
         pods::SharedPods,
@@ -70,6 +71,8 @@ pub struct ProfilerOptions {
     pub kubernetes: Option<KubernetesOptions>,
     /// Whether processes carry their command line (`process.command_line`).
     pub command_lines: bool,
+    /// The Docker Engine's socket, to name Docker containers; none when `None`.
+    pub docker_socket: Option<std::path::PathBuf>,
 }
 
 impl ProfilerOptions {
@@ -85,6 +88,7 @@ impl ProfilerOptions {
             labeler: None,
             kubernetes: None,
             command_lines: false,
+            docker_socket: None,
         }
     }
 }
@@ -198,6 +202,9 @@ impl CpuProfiler {
             let pods = SharedPods::default();
             kubernetes::spawn(kubernetes.clone(), pods.clone());
             processes.set_pods(pods);
+        }
+        if let Some(socket) = &options.docker_socket {
+            processes.set_docker(DockerNames::spawn(socket.clone()));
         }
         let native = sampler.take_unwind_maps().and_then(|set| {
             let maps = UnwindMaps::new(set)
@@ -371,7 +378,7 @@ impl CpuProfiler {
                 }
             }
         }
-        processes.refresh_pods();
+        processes.refresh_metadata();
         for pid in processes.take_excluded() {
             if let Some(native) = native.as_mut() {
                 native.forget_process(pid);

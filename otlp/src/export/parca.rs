@@ -136,6 +136,9 @@ fn labels(batch: &ProfileBatch, process: &ProcessProfile) -> LabelSet {
     if !info.container_id.is_empty() {
         labels.push(label("container_id", &info.container_id));
     }
+    if !info.container_name.is_empty() {
+        labels.push(label("container_name", &info.container_name));
+    }
     if !info.k8s_pod_uid.is_empty() {
         labels.push(label("pod_uid", &info.k8s_pod_uid));
     }

@@ -189,6 +189,9 @@ fn resource(
     if !info.container_id.is_empty() {
         attributes.push(string_kv("container.id", &info.container_id));
     }
+    if !info.container_name.is_empty() {
+        attributes.push(string_kv("container.name", &info.container_name));
+    }
     if !info.k8s_pod_uid.is_empty() {
         attributes.push(string_kv("k8s.pod.uid", &info.k8s_pod_uid));
     }

@@ -190,6 +190,7 @@ impl<'a> Builder<'a> {
                 .map(|(_, name, value)| (name, value));
             let ids = [
                 (LABEL_CONTAINER_ID, &*process.process.container_id),
+                ("container_name", &*process.process.container_name),
                 (LABEL_POD_UID, &*process.process.k8s_pod_uid),
             ];
             for (key, value) in ids.into_iter().chain(k8s) {

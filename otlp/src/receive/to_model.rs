@@ -130,6 +130,7 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
                 ),
                 container_id: Arc::from(string_attr(attrs, "container.id").unwrap_or("")),
                 k8s_pod_uid: Arc::from(string_attr(attrs, "k8s.pod.uid").unwrap_or("")),
+                container_name: Arc::from(string_attr(attrs, "container.name").unwrap_or("")),
                 parent_pid: int_attr(attrs, "process.parent_pid")
                     .and_then(|p| u32::try_from(p).ok())
                     .unwrap_or(0),

@@ -14,9 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
+use http_body_util::BodyExt;
 use tracing::{debug, info, warn};
 
 use super::pods::{Pod, PodList, PodMeta, SharedPods, WatchEvent};
@@ -66,20 +64,7 @@ impl KubernetesOptions {
     }
 }
 
-/// Why a request failed.
-#[derive(Debug, thiserror::Error)]
-enum ApiError {
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    #[error("HTTP: {0}")]
-    Http(String),
-    #[error("the API server answered {status}: {body}")]
-    Status { status: u16, body: String },
-    #[error("unreadable answer: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("timed out")]
-    Timeout,
-}
+use super::http_get::{GetError as ApiError, body_bytes, get};
 
 /// Lists and watches the node's pods into `pods` until the runtime stops.
 pub fn spawn(options: KubernetesOptions, pods: SharedPods) -> tokio::task::JoinHandle<()> {
@@ -261,60 +246,21 @@ impl Client {
 
     /// A GET's whole body (bounded).
     async fn get_all(&self, path: &str) -> Result<Bytes, ApiError> {
-        let body = self.get_stream(path).await?;
-        let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
-        Ok(limited
-            .collect()
-            .await
-            .map_err(|e| ApiError::Http(e.to_string()))?
-            .to_bytes())
+        body_bytes(self.get_stream(path).await?, MAX_BODY_BYTES).await
     }
 
     /// A GET's body as it arrives, after a 200.
     async fn get_stream(&self, path: &str) -> Result<hyper::body::Incoming, ApiError> {
         let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await?;
+        let host = format!("{}:{}", self.host, self.port);
+        let token = self.token.as_deref();
         match &self.tls {
             Some((connector, name)) => {
                 let stream = connector.connect(name.clone(), tcp).await?;
-                self.send(stream, path).await
+                get(stream, &host, path, token).await
             }
-            None => self.send(tcp, path).await,
+            None => get(tcp, &host, path, token).await,
         }
-    }
-
-    async fn send<S>(&self, stream: S, path: &str) -> Result<hyper::body::Incoming, ApiError>
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        let http = |e: hyper::Error| ApiError::Http(e.to_string());
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(http)?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                debug!("Kubernetes API connection: {e}");
-            }
-        });
-        let mut request = http::Request::get(path)
-            .header(http::header::HOST, format!("{}:{}", self.host, self.port))
-            .header(http::header::ACCEPT, "application/json");
-        if let Some(token) = &self.token {
-            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
-        }
-        let request = request
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| ApiError::Http(e.to_string()))?;
-        let response = sender.send_request(request).await.map_err(http)?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            let body = http_body_util::Limited::new(response.into_body(), 4096)
-                .collect()
-                .await
-                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-                .unwrap_or_default();
-            return Err(ApiError::Status { status, body });
-        }
-        Ok(response.into_body())
     }
 }
 

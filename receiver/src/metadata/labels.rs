@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use icecore_otlp::model::{K8sNames, ProcessInfo};
 
+use super::docker::DockerContainer;
 use super::pods::{PodMeta, sanitize_label_name};
 
 /// Label name → value.
@@ -69,14 +70,31 @@ fn read_cmdline(pid: u32) -> String {
     text.trim_end_matches('\0').replace('\0', " ")
 }
 
-/// Fills the process's Kubernetes names from its pod (by `k8s_pod_uid`),
-/// and its default `service.name` as Grafana Alloy infers it: the pod's
+/// What runs a process, as far as icecore learned it: its Kubernetes pod
+/// (by `k8s_pod_uid`) and its Docker container (by `container_id`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Workload<'a> {
+    /// The pod, from the Kubernetes API.
+    pub pod: Option<&'a PodMeta>,
+    /// The container, from the Docker Engine.
+    pub docker: Option<&'a DockerContainer>,
+}
+
+/// Fills the process's Kubernetes and container names from `workload`, and
+/// its default `service.name` as Grafana Alloy infers it: the pod's
 /// `pyroscope.io/service_name` annotation, else `NAMESPACE/CONTAINER`, else
-/// the executable's name.
-pub fn apply_pod(info: &mut ProcessInfo, pod: Option<&PodMeta>) {
-    let Some(pod) = pod else {
+/// the Docker container's name, else the executable's name.
+pub fn apply_workload(info: &mut ProcessInfo, workload: Workload<'_>) {
+    info.container_name = workload
+        .docker
+        .map_or_else(Arc::default, |c| Arc::from(c.name.as_str()));
+    let Some(pod) = workload.pod else {
         info.k8s = Arc::default();
-        info.service_name = info.executable_name.clone();
+        info.service_name = if info.container_name.is_empty() {
+            info.executable_name.clone()
+        } else {
+            info.container_name.clone()
+        };
         return;
     };
     let container = pod
@@ -87,6 +105,7 @@ pub fn apply_pod(info: &mut ProcessInfo, pod: Option<&PodMeta>) {
     info.service_name = match pod.annotations.get(SERVICE_NAME_ANNOTATION) {
         Some(name) if !name.is_empty() => Arc::from(name.as_str()),
         _ if !container.is_empty() => Arc::from(format!("{}/{container}", pod.namespace)),
+        _ if !info.container_name.is_empty() => info.container_name.clone(),
         _ => info.executable_name.clone(),
     };
     info.k8s = Arc::new(K8sNames {
@@ -100,8 +119,9 @@ pub fn apply_pod(info: &mut ProcessInfo, pod: Option<&PodMeta>) {
 /// The pod annotation naming a service, as Alloy and Pyroscope read it.
 pub const SERVICE_NAME_ANNOTATION: &str = "pyroscope.io/service_name";
 
-/// The `__meta_*` labels of a process (with its pod's, when known).
-pub fn meta_labels(info: &ProcessInfo, facts: &ProcessFacts, pod: Option<&PodMeta>) -> LabelSet {
+/// The `__meta_*` labels of a process (with its pod's and container's,
+/// when known).
+pub fn meta_labels(info: &ProcessInfo, facts: &ProcessFacts, workload: Workload<'_>) -> LabelSet {
     let mut labels = LabelSet::new();
     let mut set = |name: &str, value: &str| {
         if !value.is_empty() {
@@ -120,7 +140,16 @@ pub fn meta_labels(info: &ProcessInfo, facts: &ProcessFacts, pod: Option<&PodMet
     set("__meta_container_id", &info.container_id);
     set("__container_id__", &info.container_id);
     set("__meta_kubernetes_pod_uid", &info.k8s_pod_uid);
-    if let Some(pod) = pod {
+    if let Some(docker) = workload.docker {
+        set("__meta_docker_container_id", &info.container_id);
+        set("__meta_docker_container_name", &docker.name);
+        set("__meta_docker_container_image", &docker.image);
+        for (name, value) in &docker.labels {
+            let name = sanitize_label_name(name);
+            set(&format!("__meta_docker_container_label_{name}"), value);
+        }
+    }
+    if let Some(pod) = workload.pod {
         set("__meta_kubernetes_namespace", &pod.namespace);
         set("__meta_kubernetes_pod_name", &pod.name);
         set("__meta_kubernetes_pod_node_name", &pod.node);
@@ -157,9 +186,9 @@ pub fn apply(
     labeler: &dyn ProcessLabeler,
     info: &mut ProcessInfo,
     facts: &ProcessFacts,
-    pod: Option<&PodMeta>,
+    workload: Workload<'_>,
 ) -> bool {
-    let Some(labels) = labeler.label(meta_labels(info, facts, pod)) else {
+    let Some(labels) = labeler.label(meta_labels(info, facts, workload)) else {
         return false;
     };
     let labels: Vec<(Arc<str>, Arc<str>)> = labels
@@ -239,7 +268,7 @@ mod tests {
             cgroup_path: "/system.slice/app.service".into(),
             systemd_unit: "app.service".into(),
         };
-        let meta = meta_labels(&info("app"), &facts, None);
+        let meta = meta_labels(&info("app"), &facts, Workload::default());
         assert_eq!(meta["__meta_process_pid"], "42");
         assert_eq!(meta["__meta_process_ppid"], "1");
         assert_eq!(meta["__meta_process_executable_path"], "/usr/bin/app");
@@ -253,7 +282,12 @@ mod tests {
     fn apply_sets_labels_and_service_name_or_excludes() {
         let labeler = KeepNamed("app");
         let mut kept = info("app");
-        assert!(apply(&labeler, &mut kept, &ProcessFacts::default(), None));
+        assert!(apply(
+            &labeler,
+            &mut kept,
+            &ProcessFacts::default(),
+            Workload::default()
+        ));
         assert_eq!(&*kept.service_name, "svc-app");
         let names: Vec<&str> = kept.labels.iter().map(|(n, _)| &**n).collect();
         assert_eq!(names, ["pid_seen", "service_name"]);
@@ -262,7 +296,7 @@ mod tests {
             &labeler,
             &mut dropped,
             &ProcessFacts::default(),
-            None
+            Workload::default()
         ));
     }
 
@@ -280,22 +314,42 @@ mod tests {
             .insert("app.kubernetes.io/name".into(), "checkout".into());
         let mut process = info("java");
         process.container_id = "c0ffee".into();
-        apply_pod(&mut process, Some(&pod));
+        let in_pod = |pod| Workload {
+            pod: Some(pod),
+            docker: None,
+        };
+        apply_workload(&mut process, in_pod(&pod));
         assert_eq!(&*process.service_name, "shop/app");
         assert_eq!(&*process.k8s.container, "app");
-        let meta = meta_labels(&process, &ProcessFacts::default(), Some(&pod));
+        let meta = meta_labels(&process, &ProcessFacts::default(), in_pod(&pod));
         assert_eq!(
             meta["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
             "checkout"
         );
         assert_eq!(meta["__meta_kubernetes_pod_container_name"], "app");
-        pod.annotations
+        let mut annotated = pod.clone();
+        annotated
+            .annotations
             .insert(SERVICE_NAME_ANNOTATION.into(), "checkout-svc".into());
-        apply_pod(&mut process, Some(&pod));
+        apply_workload(&mut process, in_pod(&annotated));
         assert_eq!(&*process.service_name, "checkout-svc");
-        apply_pod(&mut process, None);
+        apply_workload(&mut process, Workload::default());
         assert_eq!(&*process.service_name, "java");
         assert!(process.k8s.pod.is_empty());
+        // Docker: the container's name, when no pod names the service.
+        let web = DockerContainer {
+            name: "web-1".into(),
+            ..DockerContainer::default()
+        };
+        let in_docker = Workload {
+            pod: None,
+            docker: Some(&web),
+        };
+        apply_workload(&mut process, in_docker);
+        assert_eq!(&*process.service_name, "web-1");
+        assert_eq!(&*process.container_name, "web-1");
+        let meta = meta_labels(&process, &ProcessFacts::default(), in_docker);
+        assert_eq!(meta["__meta_docker_container_name"], "web-1");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! Kubernetes pod, for the OTLP resource and the labels.
 
 pub mod cgroup;
+pub mod docker;
+mod http_get;
 pub mod kubernetes;
 pub mod labels;
 pub mod pods;
