@@ -138,14 +138,30 @@ impl UnwinderMaps {
     }
 
     /// The mapping table of `pid` (entries in use only); None if it has none.
+    ///
+    /// icecore changes the maps while they are read: a slot read for `pid`
+    /// may already be freed (its table names pid 0, as it also does while an
+    /// exec'd image waits to be described again) or handed to another
+    /// process. Such reads are retried; a slot that keeps naming another
+    /// live pid is a real inconsistency and fails the test.
     pub fn mappings_of(&self, pid: u32) -> Option<Vec<MappingEntry>> {
-        let slot = self.slots.get(&pid, 0).ok()?;
         let per_page = PROCESS_TABLES_PER_PAGE as u32;
-        let inner = self.processes.get(&(slot / per_page), 0).ok()?;
-        let table = inner.get(&(slot % per_page), 0).ok()?;
-        assert_eq!(table.pid, pid, "the table at slot {slot} names another pid");
-        let count = (table.count as usize).min(table.entries.len());
-        Some(table.entries[..count].to_vec())
+        let mut other = 0;
+        for _ in 0..5 {
+            let slot = self.slots.get(&pid, 0).ok()?;
+            let inner = self.processes.get(&(slot / per_page), 0).ok()?;
+            let table = inner.get(&(slot % per_page), 0).ok()?;
+            if table.pid == pid {
+                let count = (table.count as usize).min(table.entries.len());
+                return Some(table.entries[..count].to_vec());
+            }
+            if table.pid == 0 {
+                return None;
+            }
+            other = table.pid;
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("pid {pid}'s slot keeps naming pid {other}'s table");
     }
 
     /// A consistent view of both maps: every process's mapping table and the
