@@ -17,10 +17,13 @@
 )]
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use support::kube::{
+    Cgroups, FakeApiServer, cgroup2_root, containerd_pod_cgroup, pod_json, pod_list, spawn_in,
+};
 use support::native::{C_FLAGS, compile_native_c, temp_dir};
 use support::pprof;
 use support::run::SystemWideRun;
@@ -28,60 +31,6 @@ use support::summary::{DecodedSample, total};
 use support::{prerequisite, require_root, serial};
 
 const HZ: u32 = 199;
-
-/// The cgroup v2 hierarchy (`/sys/fs/cgroup` on unified hosts,
-/// `/sys/fs/cgroup/unified` on hybrid ones).
-fn cgroup2_root() -> Option<PathBuf> {
-    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
-    mounts.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let (_, at, kind) = (fields.next()?, fields.next()?, fields.next()?);
-        (kind == "cgroup2").then(|| PathBuf::from(at))
-    })
-}
-
-/// Cgroups made for the test, removed (deepest first) when dropped.
-struct Cgroups(Vec<PathBuf>);
-
-impl Cgroups {
-    /// Creates each of `paths` (and its parents) below `root`.
-    fn make<'a>(root: &Path, paths: impl IntoIterator<Item = &'a str>) -> Cgroups {
-        let mut made = Cgroups(Vec::new());
-        for path in paths {
-            let mut dir = root.to_path_buf();
-            for part in Path::new(path).components() {
-                dir.push(part);
-                if !dir.exists() {
-                    std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-                    made.0.push(dir.clone());
-                }
-            }
-        }
-        made
-    }
-}
-
-impl Drop for Cgroups {
-    fn drop(&mut self) {
-        for dir in self.0.iter().rev() {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
-}
-
-/// A process that moves itself into `cgroup`, then runs `exe cycle 300`.
-fn spawn_in(cgroup: &Path, exe: &Path) -> Child {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "echo $$ > {}/cgroup.procs && exec {} cycle 300",
-            cgroup.display(),
-            exe.display()
-        ))
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn the fixture")
-}
 
 #[test]
 fn containers_and_pods_are_named_from_their_cgroups() {
@@ -203,66 +152,12 @@ fn containers_and_pods_are_named_from_their_cgroups() {
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
 }
 
-/// A fake Kubernetes API server: answers the pod list with `list` and holds
-/// watches open without events; keeps each request's head.
-struct FakeApiServer {
-    port: u16,
-    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl FakeApiServer {
-    fn start(list: String) -> FakeApiServer {
-        use std::io::{BufRead, BufReader, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let seen = requests.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let (list, seen) = (list.clone(), seen.clone());
-                std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let mut head = String::new();
-                    loop {
-                        let mut line = String::new();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                            break;
-                        }
-                        head.push_str(&line);
-                    }
-                    let watch = head
-                        .lines()
-                        .next()
-                        .is_some_and(|l| l.contains("watch=true"));
-                    seen.lock().unwrap().push(head);
-                    let mut stream = stream;
-                    if watch {
-                        let _ = stream.write_all(
-                            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
-                              Transfer-Encoding: chunked\r\n\r\n",
-                        );
-                        // Open, eventless, until the client goes.
-                        std::thread::sleep(Duration::from_secs(120));
-                    } else {
-                        let _ = write!(
-                            stream,
-                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
-                             Content-Length: {}\r\nConnection: close\r\n\r\n{list}",
-                            list.len()
-                        );
-                    }
-                });
-            }
-        });
-        FakeApiServer { port, requests }
-    }
-}
-
 /// A process in a containerd pod's cgroup gets its pod's name, namespace,
 /// container and node from the API server (a fake one serving the node's
 /// pod list), and `service.name` as Alloy infers it (`NAMESPACE/CONTAINER`);
 /// with the API server unreachable, its container ID and pod UID still
-/// arrive and the agent keeps running.
+/// arrive and the agent keeps running; from the kubelet's `/pods` (the
+/// read-only port's API) the same names arrive.
 #[test]
 fn pod_names_come_from_the_api_server_and_ids_without_it() {
     const TEST: &str = "pod_names_come_from_the_api_server_and_ids_without_it";
@@ -276,17 +171,15 @@ fn pod_names_come_from_the_api_server_and_ids_without_it() {
         return;
     };
     let _serial = serial();
-    let cgroup = format!(
-        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{CONTAINER}.scope",
-        POD.replace('-', "_")
-    );
+    let cgroup = containerd_pod_cgroup(POD, CONTAINER);
     let _made = Cgroups::make(&root, [cgroup.as_str()]);
-    let list = format!(
-        r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"7"}},"items":[
-           {{"metadata":{{"uid":"{POD}","name":"checkout-7f9","namespace":"shop","labels":{{"app":"checkout"}}}},
-             "spec":{{"nodeName":"test-node"}},
-             "status":{{"containerStatuses":[{{"name":"app","containerID":"containerd://{CONTAINER}"}}]}}}}]}}"#
-    );
+    let list = pod_list(&[pod_json(
+        POD,
+        "checkout-7f9",
+        "shop",
+        r#"{"app":"checkout"}"#,
+        CONTAINER,
+    )]);
     let api = FakeApiServer::start(list);
     let unreachable = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -294,13 +187,17 @@ fn pod_names_come_from_the_api_server_and_ids_without_it() {
         .unwrap()
         .port();
 
-    for (what, port, named) in [("API up", api.port, true), ("API down", unreachable, false)] {
+    for (what, source, port, named) in [
+        ("API up", "--kubernetes-api", api.port, true),
+        ("API down", "--kubernetes-api", unreachable, false),
+        ("kubelet", "--kubelet-url", api.port, true),
+    ] {
         let tmp = temp_dir();
         let exe = compile_native_c(C_FLAGS, tmp.path(), "native");
         let token = tmp.path().join("token");
         std::fs::write(&token, "pod-reader-token\n").unwrap();
         let args = [
-            "--kubernetes-api".to_owned(),
+            source.to_owned(),
             format!("http://127.0.0.1:{port}"),
             "--node-name".to_owned(),
             "test-node".to_owned(),
@@ -400,6 +297,10 @@ fn pod_names_come_from_the_api_server_and_ids_without_it() {
             .iter()
             .any(|r| r.contains("watch=true") && r.contains("resourceVersion=7")),
         "{TEST}: no watch from the list's version: {requests:?}"
+    );
+    assert!(
+        requests.iter().any(|r| r.starts_with("GET /pods ")),
+        "{TEST}: the kubelet's pods were not read: {requests:?}"
     );
 }
 

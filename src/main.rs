@@ -97,8 +97,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .retain(|name| config.runtimes.iter().any(|enabled| enabled == name));
     let mut options = ProfilerOptions::new(sampler, config.reporter_interval);
     options.symbolizer.max_debug_bytes = config.debug_info_memory_bytes;
-    if !config.relabel_configs.is_empty() {
+    if !config.relabel_configs.is_empty() || config.targets.filters() {
         options.labeler = Some(Arc::new(labeler::Relabeler::new(
+            config.targets.clone(),
             config.relabel_configs.clone(),
         )));
     }
@@ -192,13 +193,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Where to read this node's pods: the configured API server, else the
-/// service account's when running in a pod, else nowhere.
+/// Where to read this node's pods: the configured kubelet or API server,
+/// else the service account's API server when running in a pod, else
+/// nowhere.
 fn kubernetes_options(
     config: &Config,
 ) -> Option<icecore_receiver::metadata::kubernetes::KubernetesOptions> {
     use icecore_config::KubernetesApi;
-    use icecore_receiver::metadata::kubernetes::KubernetesOptions;
+    use icecore_receiver::metadata::kubernetes::{KubernetesOptions, PodSource};
     let node_name = config
         .node_name
         .clone()
@@ -208,6 +210,14 @@ fn kubernetes_options(
         Some(KubernetesApi::Off) => return None,
         Some(KubernetesApi::Url(api)) => KubernetesOptions {
             api: api.clone(),
+            source: PodSource::ApiServer,
+            node_name,
+            token_file: None,
+            ca_file: None,
+        },
+        Some(KubernetesApi::Kubelet(kubelet)) => KubernetesOptions {
+            api: kubelet.clone(),
+            source: PodSource::Kubelet,
             node_name,
             token_file: None,
             ca_file: None,

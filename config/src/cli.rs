@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{CommandFactory, Parser};
 
 use crate::export::{self, BearerToken};
+use crate::targets::{EXPECTED_TARGET, Target, TargetError, Targets};
 use crate::validate::{self, Invalid};
 use crate::{ConfigError, Settings};
 
@@ -30,6 +31,10 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "URL")]
     kubernetes_api: Option<String>,
 
+    /// Read this node's pods from its kubelet instead of the API server, polled every 10 s (`http://HOST:10255` for the read-only port) [default: the API server]
+    #[arg(long, value_name = "URL", conflicts_with = "kubernetes_api")]
+    kubelet_url: Option<String>,
+
     /// This node's name, whose pods are read [default: NODE_NAME, else the host name]
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
@@ -53,6 +58,10 @@ pub(crate) struct Cli {
     /// Label added to every profile (OTLP resource attribute, Parca and pprof label), NAME=VALUE; repeat for more [default: none]
     #[arg(long = "external-label", value_name = "NAME=VALUE")]
     external_labels: Vec<String>,
+
+    /// Profile only processes matching a target, KEY=VALUE with KEY one of pid, executable (glob; with a `/` over the path), cgroup (glob), container_id, kubernetes_namespace (glob), kubernetes_pod_label (NAME=GLOB); repeat for more, any matching [default: every process]
+    #[arg(long = "target", value_name = "KEY=VALUE")]
+    targets: Vec<String>,
 
     /// File holding a bearer token sent as `authorization: Bearer TOKEN` [default: ICECORE_OTLP_BEARER_TOKEN, else none]
     #[arg(long, value_name = "FILE")]
@@ -213,6 +222,30 @@ impl Cli {
                 .collect();
             Some(checked?)
         };
+        let targets = if self.targets.is_empty() {
+            None
+        } else {
+            let checked: Result<Vec<Target>, ConfigError> = self
+                .targets
+                .iter()
+                .map(|text| {
+                    let mut target = Target::default();
+                    let set = match text.split_once('=') {
+                        Some((key, value)) => target.set(key, value),
+                        None => Err(TargetError::UnknownKey(text.clone())),
+                    };
+                    set.map(|()| target).map_err(|e| {
+                        invalid_flag(
+                            "target",
+                            text,
+                            &Invalid::because(EXPECTED_TARGET, e.to_string()),
+                        )
+                    })
+                })
+                .collect();
+            // Every flag sets a field, so no target is empty.
+            Targets::new(checked?).ok()
+        };
         let otlp_bearer_token = check(
             "otlp-bearer-token-file",
             self.otlp_bearer_token_file.as_deref(),
@@ -339,11 +372,19 @@ impl Cli {
             external_labels,
             // Rules are long: only the config file holds them.
             relabel_configs: None,
-            kubernetes_api: check(
-                "kubernetes-api",
-                self.kubernetes_api.as_deref(),
-                validate::kubernetes_api,
-            )?,
+            targets,
+            kubernetes_api: match check(
+                "kubelet-url",
+                self.kubelet_url.as_deref(),
+                validate::kubelet_url,
+            )? {
+                Some(kubelet) => Some(kubelet),
+                None => check(
+                    "kubernetes-api",
+                    self.kubernetes_api.as_deref(),
+                    validate::kubernetes_api,
+                )?,
+            },
             node_name: check("node-name", self.node_name.as_deref(), validate::node_name)?,
             kubernetes_token_file: check(
                 "kubernetes-token-file",

@@ -10,16 +10,12 @@ use crate::validate::{self, EXPECTED_PIDS, Invalid};
 
 const EXPECTED_RESOURCE_MAPPING: &str =
     "a mapping of attribute names to string values, like {deployment.environment.name: prod}";
-use crate::relabel::{RelabelRules, RuleSpec};
 use crate::{ConfigError, Settings};
 
-const EXPECTED_RELABEL_CONFIGS: &str = "a list of Prometheus relabel rules";
-const EXPECTED_RELABEL_RULE: &str = "a Prometheus relabel rule";
-const RELABEL_RULE_KEYS: &str =
-    "action, source_labels, separator, regex, target_label, replacement, modulus";
+mod lists;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 35] = [
+pub const KEYS: [&str; 37] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -33,7 +29,9 @@ pub const KEYS: [&str; 35] = [
     "resource_attributes",
     "external_labels",
     "relabel_configs",
+    "targets",
     "kubernetes_api",
+    "kubelet_url",
     "node_name",
     "kubernetes_token_file",
     "kubernetes_ca_file",
@@ -212,7 +210,8 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
             validate::external_label_pair,
         )?,
         relabel_configs: reader.relabel_configs()?,
-        kubernetes_api: reader.string("kubernetes_api", validate::kubernetes_api)?,
+        targets: reader.targets()?,
+        kubernetes_api: reader.pod_source()?,
         node_name: reader.string("node_name", validate::node_name)?,
         kubernetes_token_file: reader.string("kubernetes_token_file", export::token_file)?,
         kubernetes_ca_file: reader.string("kubernetes_ca_file", export::pem_file)?,
@@ -387,82 +386,18 @@ impl Reader<'_> {
             .map_err(|e| self.invalid("runtimes", value, &e))
     }
 
-    /// `relabel_configs`: a list of Prometheus relabel rules, each checked;
-    /// an error names the rule by its position.
-    fn relabel_configs(&self) -> Result<Option<RelabelRules>, ConfigError> {
-        const KEY: &str = "relabel_configs";
-        let Some(value) = self.get(KEY) else {
-            return Ok(None);
-        };
-        let Value::Sequence(items) = value else {
-            return Err(self.invalid(KEY, value, &Invalid::new(EXPECTED_RELABEL_CONFIGS)));
-        };
-        let rule_error = |index: usize, item: &Value, detail: String| {
-            self.invalid(
-                KEY,
-                item,
-                &Invalid::because(EXPECTED_RELABEL_RULE, format!("rule {index}: {detail}")),
-            )
-        };
-        let mut specs = Vec::with_capacity(items.len());
-        for (i, item) in items.iter().enumerate() {
-            let index = i + 1;
-            let Value::Mapping(fields) = item else {
-                return Err(rule_error(index, item, "not a mapping".to_owned()));
-            };
-            let mut spec = RuleSpec::default();
-            for (name, field) in fields {
-                let Value::String(name) = name else {
-                    return Err(rule_error(index, item, "a key is not a string".to_owned()));
-                };
-                let text = || {
-                    scalar_text(field)
-                        .ok_or_else(|| rule_error(index, item, format!("{name} is not a string")))
-                };
-                match name.as_str() {
-                    "action" => spec.action = Some(text()?),
-                    "separator" => spec.separator = Some(text()?),
-                    "regex" => spec.regex = Some(text()?),
-                    "target_label" => spec.target_label = Some(text()?),
-                    "replacement" => spec.replacement = Some(text()?),
-                    "modulus" => {
-                        spec.modulus = Some(field.as_u64().ok_or_else(|| {
-                            rule_error(index, item, "modulus is not a whole number".to_owned())
-                        })?);
-                    }
-                    "source_labels" => {
-                        let Value::Sequence(names) = field else {
-                            return Err(rule_error(
-                                index,
-                                item,
-                                "source_labels is not a list of label names".to_owned(),
-                            ));
-                        };
-                        for label in names {
-                            let Value::String(label) = label else {
-                                return Err(rule_error(
-                                    index,
-                                    item,
-                                    "source_labels is not a list of label names".to_owned(),
-                                ));
-                            };
-                            spec.source_labels.push(label.clone());
-                        }
-                    }
-                    other => {
-                        return Err(rule_error(
-                            index,
-                            item,
-                            format!("unknown key {other:?}; expected {RELABEL_RULE_KEYS}"),
-                        ));
-                    }
-                }
-            }
-            specs.push(spec);
+    /// `kubernetes_api` or `kubelet_url`, not both.
+    fn pod_source(&self) -> Result<Option<crate::KubernetesApi>, ConfigError> {
+        let api = self.string("kubernetes_api", validate::kubernetes_api)?;
+        let kubelet = self.string("kubelet_url", validate::kubelet_url)?;
+        match (api, kubelet) {
+            (Some(_), Some(_)) => Err(ConfigError::InvalidFileValue {
+                path: self.path.to_owned(),
+                key: "kubelet_url",
+                message: "set kubernetes_api or kubelet_url, not both".to_owned(),
+            }),
+            (api, kubelet) => Ok(kubelet.or(api)),
         }
-        RelabelRules::new(specs)
-            .map(Some)
-            .map_err(|(index, e)| rule_error(index, &items[index - 1], e.to_string()))
     }
 
     /// The `pids` list; an empty list means every process.
@@ -557,11 +492,11 @@ fn line_of_key(text: &str, key: &str) -> Option<usize> {
 mod tests {
     use super::*;
 
-    fn parse_text(text: &str) -> Result<Settings, ConfigError> {
+    pub(super) fn parse_text(text: &str) -> Result<Settings, ConfigError> {
         parse(Path::new("/etc/icecore.yaml"), text)
     }
 
-    fn error(text: &str) -> String {
+    pub(super) fn error(text: &str) -> String {
         match parse_text(text) {
             Ok(settings) => panic!("{text:?} parsed as {settings:?}"),
             Err(e) => e.to_string(),
@@ -597,53 +532,6 @@ mod tests {
         );
         assert!(error("runtimes: [ruby]").contains("\"ruby\" is not a runtime icecore knows"));
         assert!(error("runtimes: 5").contains("runtimes: expected `all`, `none`"));
-    }
-
-    #[test]
-    fn relabel_configs_are_read_and_bad_rules_named_by_position() {
-        let settings = parse_text(
-            "relabel_configs:\n\
-             - source_labels: [__meta_process_executable_name]\n\
-             \x20 regex: python.*\n\
-             \x20 action: keep\n\
-             - source_labels: [__meta_process_pid]\n\
-             \x20 target_label: pid_label\n\
-             - action: hashmod\n\
-             \x20 source_labels: [__meta_process_pid]\n\
-             \x20 target_label: shard\n\
-             \x20 modulus: 4\n",
-        )
-        .expect("valid rules");
-        let rules = settings.relabel_configs.expect("rules");
-        assert_eq!(rules.rules().len(), 3);
-        assert!(rules.filters());
-        let bad_regex =
-            error("relabel_configs:\n- target_label: a\n- target_label: b\n  regex: \"(oops\"\n");
-        assert!(bad_regex.contains("relabel_configs"), "{bad_regex}");
-        assert!(
-            bad_regex.contains("rule 2: invalid regex \"(oops\""),
-            "{bad_regex}"
-        );
-        let bad_action = error("relabel_configs:\n- action: rename\n  target_label: a\n");
-        assert!(
-            bad_action.contains("rule 1: unknown action \"rename\""),
-            "{bad_action}"
-        );
-        let bad_key = error("relabel_configs:\n- target_label: a\n  regexp: x\n");
-        assert!(
-            bad_key.contains("rule 1: unknown key \"regexp\""),
-            "{bad_key}"
-        );
-        let not_a_list = error("relabel_configs: {action: keep}\n");
-        assert!(
-            not_a_list.contains("a list of Prometheus relabel rules"),
-            "{not_a_list}"
-        );
-        let bad_sources = error("relabel_configs:\n- source_labels: a\n  target_label: b\n");
-        assert!(
-            bad_sources.contains("rule 1: source_labels is not a list"),
-            "{bad_sources}"
-        );
     }
 
     #[test]

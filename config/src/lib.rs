@@ -24,6 +24,7 @@ mod env;
 mod export;
 mod file;
 pub mod relabel;
+pub mod targets;
 mod validate;
 
 use std::ffi::OsString;
@@ -82,6 +83,9 @@ pub enum KubernetesApi {
     Off,
     /// This API server (`https://HOST:PORT`, or `http://` for a proxy).
     Url(String),
+    /// This kubelet's pod list, polled (`http://HOST:10255` for the
+    /// read-only port, or `https://HOST:10250` with a token).
+    Kubelet(String),
 }
 
 /// An OTLP gRPC collector to export profiles to.
@@ -122,6 +126,9 @@ pub struct Config {
     /// Prometheus relabeling of each process's `__meta_*` labels: which
     /// processes are profiled, and their labels.
     pub relabel_configs: relabel::RelabelRules,
+    /// The processes to profile; none means every process. Evaluated
+    /// before relabeling: a process no target selects is not profiled.
+    pub targets: targets::Targets,
     /// Where to read this node's pods: `None` to find out (the service
     /// account's API server when running in a pod).
     pub kubernetes_api: Option<KubernetesApi>,
@@ -281,6 +288,7 @@ pub(crate) struct Settings {
     pub resource_attributes: Option<Vec<(String, String)>>,
     pub external_labels: Option<Vec<(String, String)>>,
     pub relabel_configs: Option<relabel::RelabelRules>,
+    pub targets: Option<targets::Targets>,
     pub kubernetes_api: Option<KubernetesApi>,
     pub node_name: Option<String>,
     pub kubernetes_token_file: Option<PathBuf>,
@@ -324,6 +332,7 @@ impl Settings {
             resource_attributes: self.resource_attributes.or(lower.resource_attributes),
             external_labels: self.external_labels.or(lower.external_labels),
             relabel_configs: self.relabel_configs.or(lower.relabel_configs),
+            targets: self.targets.or(lower.targets),
             kubernetes_api: self.kubernetes_api.or(lower.kubernetes_api),
             node_name: self.node_name.or(lower.node_name),
             kubernetes_token_file: self.kubernetes_token_file.or(lower.kubernetes_token_file),
@@ -382,6 +391,7 @@ impl Settings {
             resource_attributes: self.resource_attributes.unwrap_or_default(),
             external_labels: self.external_labels.unwrap_or_default(),
             relabel_configs: self.relabel_configs.unwrap_or_default(),
+            targets: self.targets.unwrap_or_default(),
             kubernetes_api: self.kubernetes_api,
             node_name: self.node_name,
             kubernetes_token_file: self.kubernetes_token_file,

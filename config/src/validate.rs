@@ -474,23 +474,35 @@ pub(crate) fn kubernetes_api(text: &str) -> Result<crate::KubernetesApi, Invalid
     if text == "off" {
         return Ok(crate::KubernetesApi::Off);
     }
+    pod_source_url(text, EXPECTED_KUBERNETES_API).map(crate::KubernetesApi::Url)
+}
+
+/// The form of `--kubelet-url`.
+pub(crate) const EXPECTED_KUBELET_URL: &str =
+    "http://HOST:10255 (the kubelet's read-only port) or https://HOST:10250";
+
+/// Parses `--kubelet-url`.
+pub(crate) fn kubelet_url(text: &str) -> Result<crate::KubernetesApi, Invalid> {
+    pod_source_url(text.trim(), EXPECTED_KUBELET_URL).map(crate::KubernetesApi::Kubelet)
+}
+
+/// `http(s)://HOST[:PORT]`, without a trailing `/`.
+fn pod_source_url(text: &str, expected: &'static str) -> Result<String, Invalid> {
     let rest = text
         .strip_prefix("https://")
         .or_else(|| text.strip_prefix("http://"))
-        .ok_or_else(|| Invalid::new(EXPECTED_KUBERNETES_API))?;
+        .ok_or_else(|| Invalid::new(expected))?;
     let authority = rest.strip_suffix('/').unwrap_or(rest);
     if authority.is_empty()
         || authority.contains(['/', '?', '#', '@'])
         || authority.contains(char::is_whitespace)
     {
         return Err(Invalid::because(
-            EXPECTED_KUBERNETES_API,
+            expected,
             "HOST:PORT only, without a path or credentials",
         ));
     }
-    Ok(crate::KubernetesApi::Url(
-        text.trim_end_matches('/').to_owned(),
-    ))
+    Ok(text.trim_end_matches('/').to_owned())
 }
 
 /// The form of `--node-name`.

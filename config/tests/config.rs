@@ -132,6 +132,60 @@ fn each_flag() {
     let bad = err(&["--external-label", "no-equals"]);
     assert!(bad.contains("--external-label"), "{bad}");
     assert!(err(&["--external-label", "9x=1"]).contains("is not such a name"));
+
+    let targets = ok(&[
+        "--target",
+        "executable=/usr/bin/python3*",
+        "--target=kubernetes_pod_label=app=web*",
+    ])
+    .targets;
+    let [python, pod] = targets.as_slice() else {
+        panic!("{targets:?}");
+    };
+    assert_eq!(
+        python.executable.as_ref().map(|g| g.as_str()),
+        Some("/usr/bin/python3*")
+    );
+    assert_eq!(pod.kubernetes_pod_labels[0].0, "app");
+    assert_eq!(pod.kubernetes_pod_labels[0].1.as_str(), "web*");
+    let bad = err(&["--target", "cgroup=[x"]);
+    assert!(
+        bad.contains("--target") && bad.contains("is not a glob"),
+        "{bad}"
+    );
+    assert!(err(&["--target", "nginx"]).contains("unknown key"));
+}
+
+#[test]
+fn pods_come_from_the_api_server_or_the_kubelet() {
+    use icecore_config::KubernetesApi;
+    assert_eq!(
+        ok(&["--kubernetes-api", "https://10.0.0.1:443/"]).kubernetes_api,
+        Some(KubernetesApi::Url("https://10.0.0.1:443".into()))
+    );
+    assert_eq!(
+        ok(&["--kubernetes-api", "off"]).kubernetes_api,
+        Some(KubernetesApi::Off)
+    );
+    assert_eq!(
+        ok(&["--kubelet-url", "http://127.0.0.1:10255"]).kubernetes_api,
+        Some(KubernetesApi::Kubelet("http://127.0.0.1:10255".into()))
+    );
+    let bad = err(&["--kubelet-url", "127.0.0.1:10255"]);
+    assert!(
+        bad.contains("--kubelet-url") && bad.contains("10255"),
+        "{bad}"
+    );
+    let both = parse(&[
+        "--kubelet-url",
+        "http://127.0.0.1:10255",
+        "--kubernetes-api",
+        "http://127.0.0.1:8001",
+    ]);
+    assert!(
+        matches!(&both, Err(ConfigError::Cli(e)) if e.to_string().contains("cannot be used with")),
+        "{both:?}"
+    );
 }
 
 #[test]

@@ -5,6 +5,10 @@
 //! for it: processes whose pod is not known yet carry their IDs only, and
 //! get names when the pod arrives.
 //!
+//! With `--kubelet-url` the pods come from the node's kubelet instead
+//! (`GET /pods`, its own pods only), polled every [`KUBELET_POLL`]: no load
+//! on the API server, at the cost of up to one period's delay.
+//!
 //! In a pod, the API server, token and CA come from the service account
 //! (`KUBERNETES_SERVICE_HOST`, `/var/run/secrets/kubernetes.io/serviceaccount`);
 //! the agent's ClusterRole needs `get`, `list` and `watch` on `pods`.
@@ -31,11 +35,27 @@ const WATCH_SECONDS: u32 = 300;
 const MIN_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// How to reach the API server.
+/// How often the kubelet's pod list is read.
+pub const KUBELET_POLL: Duration = Duration::from_secs(10);
+
+/// Where the node's pods are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PodSource {
+    /// The API server: a list filtered to the node, then a watch.
+    #[default]
+    ApiServer,
+    /// The kubelet's `/pods`, polled.
+    Kubelet,
+}
+
+/// How to reach the API server (or the kubelet).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubernetesOptions {
-    /// `https://HOST:PORT` (or `http://` for a local proxy).
+    /// `https://HOST:PORT` (or `http://` for a local proxy or the kubelet's
+    /// read-only port).
     pub api: String,
+    /// Which of the two `api` is.
+    pub source: PodSource,
     /// The node whose pods are watched.
     pub node_name: String,
     /// A file holding the bearer token, re-read for each list.
@@ -57,6 +77,7 @@ impl KubernetesOptions {
         };
         Some(KubernetesOptions {
             api: format!("https://{host}:{port}"),
+            source: PodSource::ApiServer,
             node_name,
             token_file: Some(Path::new(SERVICE_ACCOUNT).join("token")),
             ca_file: Some(Path::new(SERVICE_ACCOUNT).join("ca.crt")),
@@ -69,10 +90,21 @@ use super::http_get::{GetError as ApiError, body_bytes, get};
 /// Lists and watches the node's pods into `pods` until the runtime stops.
 pub fn spawn(options: KubernetesOptions, pods: SharedPods) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        info!(api = %options.api, node = %options.node_name, "watching the node's pods");
+        match options.source {
+            PodSource::ApiServer => {
+                info!(api = %options.api, node = %options.node_name, "watching the node's pods");
+            }
+            PodSource::Kubelet => {
+                info!(kubelet = %options.api, every = ?KUBELET_POLL, "polling the kubelet's pods");
+            }
+        }
         let mut backoff = MIN_BACKOFF;
         loop {
-            match list_and_watch(&options, &pods).await {
+            let result = match options.source {
+                PodSource::ApiServer => list_and_watch(&options, &pods).await,
+                PodSource::Kubelet => list_kubelet(&options, &pods).await,
+            };
+            match result {
                 Ok(()) => backoff = MIN_BACKOFF,
                 Err(e) => {
                     warn!(api = %options.api, "Kubernetes pods: {e}; retrying in {backoff:?}");
@@ -123,6 +155,22 @@ async fn list_and_watch(options: &KubernetesOptions, pods: &SharedPods) -> Resul
             return Err(ApiError::Http("a watch event over 64 MiB".into()));
         }
     }
+    Ok(())
+}
+
+/// Reads the kubelet's pods into `pods`, then waits for the next poll.
+async fn list_kubelet(options: &KubernetesOptions, pods: &SharedPods) -> Result<(), ApiError> {
+    let client = Client::new(options)?;
+    let body = tokio::time::timeout(REQUEST_TIMEOUT, client.get_all("/pods"))
+        .await
+        .map_err(|_| ApiError::Timeout)??;
+    let list: PodList = serde_json::from_slice(&body)?;
+    let metas: Vec<PodMeta> = list.items.into_iter().filter_map(Pod::into_meta).collect();
+    debug!(pods = metas.len(), "read the kubelet's pods");
+    if let Ok(mut index) = pods.write() {
+        index.replace(metas);
+    }
+    tokio::time::sleep(KUBELET_POLL).await;
     Ok(())
 }
 
@@ -291,6 +339,7 @@ mod tests {
         let client = |api: &str| {
             Client::new(&KubernetesOptions {
                 api: api.into(),
+                source: PodSource::ApiServer,
                 node_name: "n".into(),
                 token_file: None,
                 ca_file: None,
