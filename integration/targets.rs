@@ -38,7 +38,8 @@ const POD_ARRIVES: Duration = Duration::from_secs(3);
 /// [`POD_ARRIVES`]). `keepme` is profiled throughout; `other` never reaches
 /// an output and its samples are filtered out in BPF; `podapp` is profiled
 /// from when its pod's labels arrive, and every one of its samples carries
-/// the pod's name.
+/// the pod's name. `keepme`'s resource names its GNU build ID as `readelf`
+/// reads it.
 #[test]
 fn targets_choose_what_is_profiled_and_pods_join_when_their_labels_arrive() {
     const TEST: &str = "targets_choose_what_is_profiled_and_pods_join_when_their_labels_arrive";
@@ -128,6 +129,7 @@ fn targets_choose_what_is_profiled_and_pods_join_when_their_labels_arrive() {
             .cloned()
             .collect()
     };
+    let build_id = gnu_build_id(&keep);
     let filtered = metrics.bpf_event("filtered_out");
     for (sink, samples) in [("OTLP", &otlp), ("pprof", &pprof_samples)] {
         let (kept, others, in_pod) = (
@@ -152,6 +154,16 @@ fn targets_choose_what_is_profiled_and_pods_join_when_their_labels_arrive() {
             total(&kept) > 0,
             "{TEST}: {sink}: keepme not profiled\n{logs}"
         );
+        if sink == "OTLP" {
+            for s in &kept {
+                assert_eq!(
+                    s.labels.get("process.executable.build_id.gnu"),
+                    Some(&build_id),
+                    "{TEST}: keepme's resource: {:?}",
+                    s.labels
+                );
+            }
+        }
         assert_eq!(total(&others), 0, "{TEST}: {sink}: other was profiled");
         assert!(
             total(&in_pod) > 0,
@@ -185,4 +197,14 @@ fn targets_choose_what_is_profiled_and_pods_join_when_their_labels_arrive() {
         filtered > u64::from(HZ),
         "{TEST}: BPF filtered out {filtered} samples; `other` alone should be over {HZ}"
     );
+}
+
+/// The GNU build ID of `exe` as binutils' `readelf -n` prints it.
+fn gnu_build_id(exe: &std::path::Path) -> String {
+    let out = Command::new("readelf").arg("-n").arg(exe).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("readelf -n {} shows no build ID", exe.display()))
 }

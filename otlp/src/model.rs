@@ -138,6 +138,8 @@ pub struct ProcessInfo {
     /// Its arguments joined by spaces (`process.command_line`), only when
     /// configured (arguments may hold secrets); empty otherwise.
     pub command_line: Arc<str>,
+    /// Build IDs of the executable (`process.executable.build_id.*`).
+    pub build_ids: ExecutableBuildIds,
     /// The Kubernetes pod's name (`k8s.pod.name`), namespace
     /// (`k8s.namespace.name`), container (`k8s.container.name`) and node
     /// (`k8s.node.name`), from the Kubernetes API; empty when unknown.
@@ -176,6 +178,29 @@ impl HostInfo {
             arch: Arc::from(arch),
             os_type: Arc::from(std::env::consts::OS),
         }
+    }
+}
+
+/// Build IDs an executable carries, as hex (GNU) or as written (Go); empty
+/// when it has none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct ExecutableBuildIds {
+    /// The `NT_GNU_BUILD_ID` note (`process.executable.build_id.gnu`).
+    pub gnu: Arc<str>,
+    /// The Go toolchain's build ID note (`process.executable.build_id.go`).
+    pub go: Arc<str>,
+}
+
+impl ExecutableBuildIds {
+    /// The IDs as (OTel attribute, value), the empty ones left out.
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            ("process.executable.build_id.gnu", &self.gnu),
+            ("process.executable.build_id.go", &self.go),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(attr, v)| (attr, &**v))
     }
 }
 
@@ -357,7 +382,7 @@ impl ProfileBatch {
         let mut seen: HashSet<*const u8> = HashSet::new();
         let mut bytes = self.processes.capacity() * size_of::<ProcessProfile>();
         let string = |s: &Arc<str>, seen: &mut HashSet<*const u8>| {
-            if seen.insert(s.as_ptr()) {
+            if !s.is_empty() && seen.insert(s.as_ptr()) {
                 s.len() + 2 * size_of::<usize>() + OVERHEAD
             } else {
                 0
@@ -370,8 +395,21 @@ impl ProfileBatch {
                 &info.executable_name,
                 &info.executable_path,
                 &info.service_name,
+                &info.container_id,
+                &info.k8s_pod_uid,
+                &info.container_name,
+                &info.command_line,
+                &info.build_ids.gnu,
+                &info.build_ids.go,
+                &info.k8s.pod,
+                &info.k8s.namespace,
+                &info.k8s.container,
+                &info.k8s.node,
             ] {
                 bytes += string(s, &mut seen);
+            }
+            for (name, value) in info.labels.iter() {
+                bytes += string(name, &mut seen) + string(value, &mut seen);
             }
             bytes += process.samples.capacity() * size_of::<SampleGroup>() + OVERHEAD;
             for group in &process.samples {

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use icecore_otlp::model::ProcessInfo;
+use icecore_otlp::model::{ExecutableBuildIds, ProcessInfo};
 use lru::LruCache;
 use tracing::debug;
 
@@ -104,6 +104,11 @@ impl ImageSnapshot {
                 container_id: Arc::from(cgroup.container_id.as_deref().unwrap_or("")),
                 k8s_pod_uid: Arc::from(cgroup.pod_uid.as_deref().unwrap_or("")),
                 parent_pid: stat.map_or(0, |(_, parent)| parent),
+                build_ids: if path.is_some() {
+                    crate::metadata::build_id::of_process(pid)
+                } else {
+                    ExecutableBuildIds::default()
+                },
                 ..ProcessInfo::default()
             },
             mappings,

@@ -185,6 +185,9 @@ fn resource(
     if !info.command_line.is_empty() {
         attributes.push(string_kv("process.command_line", &info.command_line));
     }
+    for (attribute, value) in info.build_ids.fields() {
+        attributes.push(string_kv(attribute, value));
+    }
     // Only known inside a container or pod: omitted otherwise.
     if !info.container_id.is_empty() {
         attributes.push(string_kv("container.id", &info.container_id));

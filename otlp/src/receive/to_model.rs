@@ -13,8 +13,8 @@ use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::profiles::v1development::{Profile, ProfilesDictionary};
 
 use crate::model::{
-    Frame, FrameKind, HostInfo, Line, Mapping, ProcessInfo, ProcessProfile, ProfileBatch,
-    SampleGroup,
+    ExecutableBuildIds, Frame, FrameKind, HostInfo, Line, Mapping, ProcessInfo, ProcessProfile,
+    ProfileBatch, SampleGroup,
 };
 use crate::otlp_encode::{ATTR_BUILD_ID_GNU, ATTR_FRAME_TYPE, ATTR_THREAD_ID, ATTR_THREAD_NAME};
 
@@ -135,6 +135,14 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
                     .and_then(|p| u32::try_from(p).ok())
                     .unwrap_or(0),
                 command_line: Arc::from(string_attr(attrs, "process.command_line").unwrap_or("")),
+                build_ids: ExecutableBuildIds {
+                    gnu: Arc::from(
+                        string_attr(attrs, "process.executable.build_id.gnu").unwrap_or(""),
+                    ),
+                    go: Arc::from(
+                        string_attr(attrs, "process.executable.build_id.go").unwrap_or(""),
+                    ),
+                },
                 k8s: Arc::new(k8s_names(attrs)),
                 // The sender's other attributes stay with its OTLP resource.
                 labels: Arc::default(),

@@ -134,6 +134,12 @@ pub fn meta_labels(info: &ProcessInfo, facts: &ProcessFacts, workload: Workload<
     }
     set("__meta_process_executable_name", &info.executable_name);
     set("__meta_process_executable_path", &info.executable_path);
+    let build_id = if info.build_ids.gnu.is_empty() {
+        &info.build_ids.go
+    } else {
+        &info.build_ids.gnu
+    };
+    set("__meta_process_executable_build_id", build_id);
     set("__meta_process_cmdline", &facts.cmdline);
     set("__meta_process_cgroup", &facts.cgroup_path);
     set("__meta_systemd_unit", &facts.systemd_unit);
