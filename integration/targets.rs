@@ -86,28 +86,16 @@ fn targets_choose_what_is_profiled_and_pods_join_when_their_labels_arrive() {
     .map(str::to_owned)
     .to_vec();
     let mut run = SystemWideRun::spawn(tmp, HZ, &args);
-    let spawn = |exe: &std::path::Path| {
-        Command::new(exe)
-            .args(["cycle", "300"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn the fixture")
-    };
     let mut children: Vec<Child> = vec![
         spawn(&keep),
         spawn(&other),
         spawn_in(&root.join(&cgroup), &podapp),
     ];
-    std::thread::sleep(POD_ARRIVES + Duration::from_secs(5));
-    let metrics = run
-        .icecore
-        .metrics_after_next_batch(Duration::from_secs(30));
-    run.icecore.stop();
-    let pids: Vec<u32> = children.iter().map(Child::id).collect();
-    for child in &mut children {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    let (metrics, pids) = profile_for(
+        &mut run,
+        POD_ARRIVES + Duration::from_secs(5),
+        &mut children,
+    );
     let logs = run.icecore.output();
     let otlp = run.otlp_of(pids[0]).samples;
     let pprof_samples = pprof::all_samples(&pprof::decode_dir(&run.pprof_dir));
@@ -207,4 +195,124 @@ fn gnu_build_id(exe: &std::path::Path) -> String {
         .find_map(|l| l.trim().strip_prefix("Build ID: "))
         .map(str::to_owned)
         .unwrap_or_else(|| panic!("readelf -n {} shows no build ID", exe.display()))
+}
+
+/// Relabeling by thread and CPU, as Parca Agent's `__meta_thread_comm` and
+/// `__meta_cpuid`: a rule dropping one program's thread by its name drops
+/// its samples (counted; such rules never exclude a process in BPF), and a
+/// rule copying the CPU into a label gives each sample of the other the CPU
+/// it ran on, which the sample's own CPU attribute and label confirm.
+#[test]
+fn relabeling_by_thread_and_cpu_labels_each_sample() {
+    const TEST: &str = "relabeling_by_thread_and_cpu_labels_each_sample";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let tmp = temp_dir();
+    let keep = compile_native_c(C_FLAGS, tmp.path(), "threadkeep");
+    let drop_exe = tmp.path().join("threaddrop");
+    std::fs::copy(&keep, &drop_exe).unwrap();
+    let config = tmp.path().join("icecore.yaml");
+    std::fs::write(
+        &config,
+        "relabel_configs:\n\
+         - source_labels: [__meta_thread_comm]\n\
+         \x20 regex: threaddrop\n\
+         \x20 action: drop\n\
+         - source_labels: [__meta_cpuid]\n\
+         \x20 target_label: core\n\
+         - source_labels: [__meta_process_executable_name]\n\
+         \x20 target_label: program\n",
+    )
+    .unwrap();
+    let args = ["--config".to_owned(), config.display().to_string()];
+    let mut run = SystemWideRun::spawn(tmp, HZ, &args);
+    let mut children = [spawn(&keep), spawn(&drop_exe)];
+    let (metrics, pids) = profile_for(&mut run, Duration::from_secs(5), &mut children);
+    let otlp = run.otlp_of(pids[0]).samples;
+    let pprof_samples = pprof::all_samples(&pprof::decode_dir(&run.pprof_dir));
+    let dropped = metrics.value("icecore_samples_relabel_dropped_total");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as i64;
+    for (sink, samples) in [("OTLP", &otlp), ("pprof", &pprof_samples)] {
+        let of = |pid: u32| -> Vec<&DecodedSample> {
+            samples
+                .iter()
+                .filter(|s| s.pid == Some(i64::from(pid)))
+                .collect()
+        };
+        let (kept, gone) = (of(pids[0]), of(pids[1]));
+        let on_cpu: std::collections::BTreeMap<i64, u64> =
+            kept.iter().fold(Default::default(), |mut m, s| {
+                *m.entry(s.cpu.unwrap_or(-1)).or_default() += s.count;
+                m
+            });
+        println!(
+            "{TEST}: {sink}: threadkeep {} samples by CPU {on_cpu:?}, threaddrop {}; \
+             relabeling dropped {dropped}",
+            kept.iter().map(|s| s.count).sum::<u64>(),
+            gone.iter().map(|s| s.count).sum::<u64>(),
+        );
+        assert!(!kept.is_empty(), "{TEST}: {sink}: threadkeep not profiled");
+        assert!(
+            gone.is_empty(),
+            "{TEST}: {sink}: threaddrop's thread was not dropped"
+        );
+        for s in &kept {
+            let cpu = s
+                .cpu
+                .unwrap_or_else(|| panic!("{TEST}: {sink}: a sample without CPU"));
+            assert!((0..cpus).contains(&cpu), "{TEST}: {sink}: CPU {cpu}");
+            let core = if sink == "OTLP" {
+                s.sample_labels.get("core")
+            } else {
+                s.labels.get("core")
+            };
+            assert_eq!(
+                core,
+                Some(&cpu.to_string()),
+                "{TEST}: {sink}: label core is not the sample's CPU"
+            );
+            assert_eq!(
+                s.labels.get("program").map(String::as_str),
+                Some("threadkeep"),
+                "{TEST}: {sink}: process label lost: {:?}",
+                s.labels
+            );
+        }
+    }
+    // threaddrop burns a CPU for the whole run.
+    assert!(
+        dropped > f64::from(HZ),
+        "{TEST}: relabeling dropped {dropped} samples, expected threaddrop's"
+    );
+}
+
+/// `exe cycle 300`, a busy program.
+fn spawn(exe: &std::path::Path) -> Child {
+    Command::new(exe)
+        .args(["cycle", "300"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn the fixture")
+}
+
+/// Lets `run` profile `children` for `how_long`, then stops icecore and
+/// them; the metrics after the last batch, and the children's pids.
+fn profile_for(
+    run: &mut SystemWideRun,
+    how_long: Duration,
+    children: &mut [Child],
+) -> (support::metrics::Metrics, Vec<u32>) {
+    std::thread::sleep(how_long);
+    let metrics = run
+        .icecore
+        .metrics_after_next_batch(Duration::from_secs(30));
+    run.icecore.stop();
+    let pids = children.iter().map(Child::id).collect();
+    for child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    (metrics, pids)
 }

@@ -320,7 +320,7 @@ fn render(stats: &ProfilerStats) -> String {
         );
     }
     let native = &stats.native;
-    let scalars: [(&str, &str, &str, f64); 19] = [
+    let scalars: [(&str, &str, &str, f64); 20] = [
         (
             "icecore_execs_total",
             "counter",
@@ -350,6 +350,12 @@ fn render(stats: &ProfilerStats) -> String {
             "counter",
             "Samples dropped at the per-interval limit.",
             stats.samples_dropped as f64,
+        ),
+        (
+            "icecore_samples_relabel_dropped_total",
+            "counter",
+            "Samples relabeling by thread or CPU (__meta_thread_*, __meta_cpuid) dropped.",
+            stats.samples_relabel_dropped as f64,
         ),
         (
             "icecore_samples_excluded_total",

@@ -12,12 +12,19 @@ use icecore_receiver::metadata::pods::sanitize_label_name;
 pub struct Relabeler {
     targets: Targets,
     rules: RelabelRules,
+    /// The rules read thread or CPU labels.
+    per_thread: bool,
 }
 
 impl Relabeler {
     /// A labeler keeping what `targets` select, then applying `rules`.
     pub fn new(targets: Targets, rules: RelabelRules) -> Self {
-        Relabeler { targets, rules }
+        let per_thread = rules.reads_thread_labels();
+        Relabeler {
+            targets,
+            rules,
+            per_thread,
+        }
     }
 }
 
@@ -26,11 +33,24 @@ impl ProcessLabeler for Relabeler {
         if !self.targets.selects(&MetaFacts(&meta)) {
             return None;
         }
+        if self.per_thread {
+            // Rules reading thread labels decide per thread: without those
+            // labels, a `keep` or `drop` here says nothing of the process.
+            return Some(self.rules.apply(meta).unwrap_or_default());
+        }
         self.rules.apply(meta)
     }
 
     fn may_exclude(&self) -> bool {
-        self.targets.filters() || self.rules.filters()
+        self.targets.filters() || (self.rules.filters() && !self.per_thread)
+    }
+
+    fn per_thread(&self) -> bool {
+        self.per_thread
+    }
+
+    fn label_thread(&self, meta: LabelSet) -> Option<LabelSet> {
+        self.rules.apply(meta)
     }
 }
 

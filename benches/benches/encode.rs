@@ -147,12 +147,16 @@ fn batch() -> ProfileBatch {
         remaining -= n;
         let process = rng.below(PROCESSES);
         let thread = rng.below(threads.len());
-        processes[process].samples.push(SampleGroup::timed(
-            stacks[rng.below(stacks.len())].clone(),
-            1000 + (process * 100 + thread) as u32,
-            threads[thread].clone(),
-            (0..n).map(|_| START + rng.next() % DURATION).collect(),
-        ));
+        processes[process].samples.push(
+            SampleGroup::timed(
+                stacks[rng.below(stacks.len())].clone(),
+                1000 + (process * 100 + thread) as u32,
+                threads[thread].clone(),
+                (0..n).map(|_| START + rng.next() % DURATION).collect(),
+            )
+            // An 8-CPU host.
+            .on_cpu(rng.below(8) as u32),
+        );
     }
     ProfileBatch {
         start_unix_nanos: START,

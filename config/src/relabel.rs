@@ -395,6 +395,26 @@ impl RelabelRules {
         self.0.iter().any(|r| r.action.filters())
     }
 
+    /// Whether some rule reads a label of the thread or CPU a sample was
+    /// taken on ([`THREAD_LABELS`]): by name in `source_labels`, or through
+    /// a `labelmap`, `labeldrop` or `labelkeep` regex matching one. Such
+    /// rules are applied per thread and CPU rather than per process.
+    pub fn reads_thread_labels(&self) -> bool {
+        self.0.iter().any(|rule| {
+            let by_name = match rule.action {
+                RelabelAction::LabelMap | RelabelAction::LabelDrop | RelabelAction::LabelKeep => {
+                    THREAD_LABELS.iter().any(|name| rule.regex.is_match(name))
+                }
+                _ => false,
+            };
+            by_name
+                || rule
+                    .source_labels
+                    .iter()
+                    .any(|source| THREAD_LABELS.contains(&source.as_str()))
+        })
+    }
+
     /// Applies every rule in order, then removes the labels starting with
     /// `__` (the `__meta_*` inputs and scratch labels), as Prometheus does
     /// after target relabeling. `None` when a rule drops the process.
@@ -408,6 +428,10 @@ impl RelabelRules {
         Some(labels)
     }
 }
+
+/// The labels of the thread and CPU a sample was taken on, as Parca Agent
+/// names them.
+pub const THREAD_LABELS: [&str; 3] = ["__meta_thread_comm", "__meta_thread_id", "__meta_cpuid"];
 
 /// A Prometheus label name: `[a-zA-Z_][a-zA-Z0-9_]*`.
 pub fn is_label_name(name: &str) -> bool {

@@ -302,6 +302,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
                 "comm" => out.comm = value,
                 "thread" => out.thread_name = value,
                 "thread_id" | "tid" => out.thread_id = Some(num),
+                "cpu" => out.cpu = Some(num),
                 "container_id" => out.container_id = value,
                 "pod_uid" => out.pod_uid = value,
                 _ => {}

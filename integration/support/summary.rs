@@ -64,6 +64,10 @@ pub struct DecodedSample {
     pub parent_pid: Option<i64>,
     /// Every string-valued OTLP resource attribute, or pprof string label.
     pub labels: std::collections::BTreeMap<String, String>,
+    /// OTLP sample attribute `cpu.logical_number`, pprof label `cpu`.
+    pub cpu: Option<i64>,
+    /// String-valued OTLP sample attributes other than `thread.name`.
+    pub sample_labels: std::collections::BTreeMap<String, String>,
 }
 
 impl DecodedSample {

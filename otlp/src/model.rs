@@ -274,6 +274,12 @@ pub struct SampleGroup {
     /// Samples in the group: `timestamps_unix_nanos.len()` when timed.
     /// A group with no samples is never built.
     pub count: u64,
+    /// The CPU the samples were taken on (`cpu.logical_number`); `None`
+    /// when the source did not say.
+    pub cpu: Option<u32>,
+    /// Labels of these samples beyond their process's (relabeling by
+    /// thread or CPU): OTLP sample attributes, pprof sample labels.
+    pub labels: Labels,
 }
 
 impl SampleGroup {
@@ -291,7 +297,15 @@ impl SampleGroup {
             thread_name,
             timestamps_unix_nanos,
             count,
+            cpu: None,
+            labels: Labels::default(),
         }
+    }
+
+    /// The group, taken on `cpu`.
+    pub fn on_cpu(mut self, cpu: u32) -> Self {
+        self.cpu = Some(cpu);
+        self
     }
 
     /// Whether each sample has its own timestamp.
@@ -415,6 +429,9 @@ impl ProfileBatch {
             for group in &process.samples {
                 bytes += group.timestamps_unix_nanos.capacity() * size_of::<u64>();
                 bytes += string(&group.thread_name, &mut seen);
+                for (name, value) in group.labels.iter() {
+                    bytes += string(name, &mut seen) + string(value, &mut seen);
+                }
                 if !seen.insert(group.stack.as_ptr().cast()) {
                     continue;
                 }

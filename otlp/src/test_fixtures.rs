@@ -108,6 +108,7 @@ pub(crate) fn batch() -> ProfileBatch {
             name.into(),
             ts.iter().map(|t| START + t).collect(),
         )
+        .on_cpu(tid % 2)
     };
     let info = |pid, name: &str| ProcessInfo {
         pid,
@@ -132,6 +133,10 @@ pub(crate) fn batch() -> ProfileBatch {
                     container_id: CONTAINER_ID.into(),
                     k8s_pod_uid: POD_UID.into(),
                     parent_pid: 1,
+                    build_ids: crate::model::ExecutableBuildIds {
+                        gnu: "0123456789abcdef0123456789abcdef01234567".into(),
+                        go: "aB3_-x/yZ9".into(),
+                    },
                     ..info(100, "app")
                 },
                 samples: vec![

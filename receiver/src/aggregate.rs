@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use icecore_otlp::model::{Frame, ProcessInfo, ProcessProfile, ProfileBatch, SampleGroup};
+use icecore_otlp::model::{Frame, Labels, ProcessInfo, ProcessProfile, ProfileBatch, SampleGroup};
 
 use crate::{
     processes::ProcessTable, record::RawSample, runtimes::Runtimes, symbolize::Symbolizer,
@@ -17,6 +17,7 @@ struct StackKey {
     image: Option<u64>,
     tid: u32,
     comm: [u8; 16],
+    cpu: u32,
     kernel_frames: u32,
     /// Kernel frames then user words, leaf first.
     frames: Box<[u64]>,
@@ -39,6 +40,8 @@ pub struct IntervalStats {
     pub stacks: usize,
     /// Samples dropped because the interval hit its sample limit.
     pub dropped: u64,
+    /// Samples relabeling by thread or CPU dropped (not in the batch).
+    pub relabel_dropped: u64,
 }
 
 impl Aggregator {
@@ -65,6 +68,7 @@ impl Aggregator {
             image,
             tid: sample.header.tid,
             comm: sample.header.comm,
+            cpu: sample.header.cpu,
             kernel_frames: sample.header.kernel_frames,
             frames,
         };
@@ -94,17 +98,31 @@ impl Aggregator {
         symbolizer: &mut Symbolizer,
         runtimes: &mut Runtimes,
     ) -> (ProfileBatch, IntervalStats) {
-        let stats = IntervalStats {
+        let mut stats = IntervalStats {
             samples: self.samples,
             stacks: self.stacks.len(),
             dropped: std::mem::take(&mut self.dropped),
+            relabel_dropped: 0,
         };
+        let per_thread = processes.labels_per_thread();
         self.samples = 0;
         let last = window.start_unix_nanos + window.duration_nanos.saturating_sub(1);
         // One profile per process image: an exec within the interval makes two.
         let mut by_image: HashMap<(u32, Option<u64>), Vec<SampleGroup>> = HashMap::new();
         let mut thread_names: HashMap<[u8; 16], Arc<str>> = HashMap::new();
         for (key, mut timestamps) in self.stacks.drain() {
+            let labels = if per_thread {
+                match processes.thread_labels(key.pid, key.image, key.tid, &key.comm, key.cpu) {
+                    Some(labels) => labels,
+                    None => {
+                        stats.relabel_dropped += timestamps.len() as u64;
+                        stats.samples -= timestamps.len();
+                        continue;
+                    }
+                }
+            } else {
+                Labels::default()
+            };
             for t in &mut timestamps {
                 *t = (*t).clamp(window.start_unix_nanos, last);
             }
@@ -122,7 +140,10 @@ impl Aggregator {
             by_image
                 .entry((key.pid, image))
                 .or_default()
-                .push(SampleGroup::timed(stack, key.tid, thread_name, timestamps));
+                .push(SampleGroup {
+                    labels,
+                    ..SampleGroup::timed(stack, key.tid, thread_name, timestamps).on_cpu(key.cpu)
+                });
         }
         let mut processes_out: Vec<ProcessProfile> = by_image
             .into_iter()

@@ -11,9 +11,11 @@ use icecore_otlp::model::{ExecutableBuildIds, ProcessInfo};
 use lru::LruCache;
 use tracing::debug;
 
-use crate::metadata::docker::DockerNames;
+use crate::metadata::docker::{DockerContainer, DockerNames};
 use crate::metadata::labels::{self, ProcessFacts, ProcessLabeler, Workload};
-use crate::metadata::pods::SharedPods;
+use crate::metadata::pods::{PodMeta, SharedPods};
+
+mod thread_labels;
 use crate::process_maps::{self, MappedFile, ProcessMappings};
 
 /// Re-reading a process's maps for an unknown address (a library loaded with
@@ -165,6 +167,9 @@ pub struct ProcessTable {
     metadata_generation: (u64, u64),
     /// Whether images carry their command line (`process.command_line`).
     command_lines: bool,
+    /// Labels of the threads and CPUs of the current batch, when relabeling
+    /// reads them ([`Self::thread_labels`]).
+    thread_labels: thread_labels::ThreadLabels,
 }
 
 impl ProcessTable {
@@ -181,6 +186,7 @@ impl ProcessTable {
             docker: None,
             metadata_generation: (0, 0),
             command_lines: false,
+            thread_labels: thread_labels::ThreadLabels::default(),
         }
     }
 
@@ -267,14 +273,7 @@ impl ProcessTable {
 
     /// A new image: labeled (or excluded) once, here.
     fn track(&mut self, snapshot: ImageSnapshot, image: u64, exec_ktime: u64) -> TrackedProcess {
-        let pod = match (&self.pods, &*snapshot.info.k8s_pod_uid) {
-            (Some(pods), uid) if !uid.is_empty() => pods.read().ok().and_then(|p| p.get(uid)),
-            _ => None,
-        };
-        let container = self
-            .docker
-            .as_ref()
-            .and_then(|d| d.lookup(&snapshot.info.container_id));
+        let (pod, container) = self.workload_records(&snapshot.info);
         let workload = Workload {
             pod: pod.as_deref(),
             docker: container.as_deref(),
@@ -298,6 +297,22 @@ impl ProcessTable {
             self.newly_excluded.push(process.info.pid);
         }
         process
+    }
+
+    /// The pod and Docker container records of a process, as known now.
+    fn workload_records(
+        &self,
+        info: &ProcessInfo,
+    ) -> (Option<Arc<PodMeta>>, Option<Arc<DockerContainer>>) {
+        let pod = match (&self.pods, &*info.k8s_pod_uid) {
+            (Some(pods), uid) if !uid.is_empty() => pods.read().ok().and_then(|p| p.get(uid)),
+            _ => None,
+        };
+        let container = self
+            .docker
+            .as_ref()
+            .and_then(|d| d.lookup(&info.container_id));
+        (pod, container)
     }
 
     fn new_image(&mut self) -> u64 {
@@ -417,6 +432,7 @@ impl ProcessTable {
     /// Forgets replaced images: the batch holding their samples is cut.
     pub fn end_batch(&mut self) {
         self.replaced.clear();
+        self.thread_labels.clear();
     }
 
     /// Forgets a process now.

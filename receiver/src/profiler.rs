@@ -109,6 +109,8 @@ pub struct ProfilerStats {
     pub samples_reported: u64,
     /// Samples dropped at the per-interval limit.
     pub samples_dropped: u64,
+    /// Samples relabeling by thread or CPU dropped.
+    pub samples_relabel_dropped: u64,
     /// Batches produced.
     pub batches: u64,
     /// Processes currently tracked.
@@ -459,6 +461,7 @@ impl CpuProfiler {
         };
         stats.samples_reported += interval.samples as u64;
         stats.samples_dropped += interval.dropped;
+        stats.samples_relabel_dropped += interval.relabel_dropped;
         stats.batches += 1;
         let cost = stats.bpf_cost;
         drop(stats);

@@ -278,3 +278,29 @@ fn a_huge_regex_is_refused_not_compiled_without_bound() {
         Err(RelabelError::BadRegex { .. })
     ));
 }
+
+#[test]
+fn rules_reading_thread_or_cpu_labels_are_told_apart() {
+    let rules = |spec: RuleSpec| RelabelRules::new(vec![spec]).expect("valid");
+    let by_source = |name: &str| {
+        rules(RuleSpec {
+            source_labels: sources(&[name]),
+            target_label: Some("x".into()),
+            ..RuleSpec::default()
+        })
+    };
+    assert!(by_source("__meta_thread_comm").reads_thread_labels());
+    assert!(by_source("__meta_cpuid").reads_thread_labels());
+    assert!(!by_source("__meta_process_pid").reads_thread_labels());
+    let labelmap = |regex: &str| {
+        rules(RuleSpec {
+            action: Some("labelmap".into()),
+            regex: Some(regex.into()),
+            ..RuleSpec::default()
+        })
+    };
+    assert!(labelmap("__meta_(thread_comm)").reads_thread_labels());
+    assert!(labelmap("__meta_(.*)").reads_thread_labels());
+    assert!(!labelmap("__meta_process_(.*)").reads_thread_labels());
+    assert!(!RelabelRules::default().reads_thread_labels());
+}

@@ -169,6 +169,12 @@ pub fn samples(requests: &[ReceivedRequest]) -> Vec<DecodedSample> {
                             pod_uid: pod_uid.clone(),
                             parent_pid,
                             labels: labels.clone(),
+                            cpu: sattrs.get("cpu.logical_number").and_then(AttrValue::as_int),
+                            sample_labels: sattrs
+                                .iter()
+                                .filter(|(k, _)| k.as_str() != "thread.name")
+                                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                                .collect(),
                         });
                     }
                 }

@@ -293,6 +293,14 @@ fn check_profile(c: &mut Checker<'_>, pctx: &str, p: &Profile, period: i64) {
                 "{xctx}: thread.id is {other:?}, expected a positive int"
             )),
         }
+        // Optional (a forwarded sender may not say), a CPU number if there.
+        match sattrs.get("cpu.logical_number") {
+            None => {}
+            Some(AttrValue::Int(cpu)) if (0..4096).contains(cpu) => {}
+            other => c.bad(format!(
+                "{xctx}: cpu.logical_number is {other:?}, expected a CPU number"
+            )),
+        }
     }
     if shapes.len() > 1 {
         c.bad(format!("{pctx}: samples mix values shapes"));

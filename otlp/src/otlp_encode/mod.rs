@@ -29,6 +29,8 @@ pub const SCOPE_NAME: &str = "icecore";
 pub const ATTR_THREAD_NAME: &str = "thread.name";
 /// Sample attribute: the OS thread ID.
 pub const ATTR_THREAD_ID: &str = "thread.id";
+/// Sample attribute: the logical CPU the sample was taken on.
+pub const ATTR_CPU: &str = "cpu.logical_number";
 
 /// Resource attributes the user configured for everything icecore sends
 /// (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`).
@@ -128,16 +130,27 @@ pub(crate) fn window(batch: &ProfileBatch) -> (u64, u64) {
 /// timestamps to be of equal length when it has both.
 fn samples<'a>(dict: &mut DictBuilder<'a>, process: &'a ProcessProfile) -> Vec<Sample> {
     let mut samples: Vec<Sample> = Vec::with_capacity(process.samples.len());
-    let mut by_identity: HashMap<(i32, [i32; 2], bool), usize> = HashMap::new();
+    // Thread name, thread ID and CPU (-1: none), then the group's own
+    // labels (empty, so not allocated, but for relabeling by thread).
+    let mut by_identity: HashMap<(i32, [i32; 3], Vec<i32>, bool), usize> = HashMap::new();
     for group in process.samples.iter().filter(|g| g.count > 0) {
         let stack_index = dict.stack(&group.stack);
         let attributes = [
             dict.attribute(ATTR_THREAD_NAME, AttrValue::Str(&group.thread_name)),
             dict.attribute(ATTR_THREAD_ID, AttrValue::Int(i64::from(group.thread_id))),
+            group.cpu.map_or(-1, |cpu| {
+                dict.attribute(ATTR_CPU, AttrValue::Int(i64::from(cpu)))
+            }),
         ];
+        let labels: Vec<i32> = group
+            .labels
+            .iter()
+            .map(|(name, value)| dict.attribute(name, AttrValue::Str(value)))
+            .collect();
         let timed = group.is_timed();
         let count = i64::try_from(group.count).unwrap_or(i64::MAX);
-        match by_identity.get(&(stack_index, attributes, timed)) {
+        let identity = (stack_index, attributes, labels, timed);
+        match by_identity.get(&identity) {
             Some(&at) if timed => samples[at]
                 .timestamps_unix_nano
                 .extend_from_slice(&group.timestamps_unix_nanos),
@@ -146,10 +159,14 @@ fn samples<'a>(dict: &mut DictBuilder<'a>, process: &'a ProcessProfile) -> Vec<S
                 *value = value.saturating_add(count);
             }
             None => {
-                by_identity.insert((stack_index, attributes, timed), samples.len());
+                let attribute_indices = (identity.1.iter().copied())
+                    .filter(|&i| i >= 0)
+                    .chain(identity.2.iter().copied())
+                    .collect();
+                by_identity.insert(identity, samples.len());
                 samples.push(Sample {
                     stack_index,
-                    attribute_indices: attributes.to_vec(),
+                    attribute_indices,
                     link_index: 0,
                     values: if timed { Vec::new() } else { vec![count] },
                     timestamps_unix_nano: group.timestamps_unix_nanos.clone(),

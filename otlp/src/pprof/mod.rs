@@ -31,6 +31,8 @@ pub const LABEL_COMM: &str = "comm";
 pub const LABEL_THREAD: &str = "thread";
 /// Numeric sample label: the OS thread ID.
 pub const LABEL_THREAD_ID: &str = "thread_id";
+/// Numeric sample label: the logical CPU the sample was taken on.
+pub const LABEL_CPU: &str = "cpu";
 /// String sample label: the container's ID, when the process runs in one.
 pub const LABEL_CONTAINER_ID: &str = "container_id";
 /// String sample label: the Kubernetes pod's UID, when it runs in one.
@@ -80,8 +82,9 @@ pub fn encode_gzip(batch: &ProfileBatch) -> Result<Vec<u8>, PprofError> {
     gz.finish().map_err(PprofError::Gzip)
 }
 
-/// Identity of a merged sample: stack, pid, thread ID and thread name.
-type SampleKey = (usize, u32, u32, i64);
+/// Identity of a merged sample: stack, pid, thread ID, thread name, CPU and
+/// the sample's own labels.
+type SampleKey = (usize, u32, u32, i64, Option<u32>, model::Labels);
 /// Identity of a mapping: start, limit, offset, filename and build ID.
 type MappingKey = (u64, u64, u64, i64, i64);
 /// Identity of a location: mapping ID, address and (function ID, line) per line.
@@ -154,7 +157,14 @@ impl<'a> Builder<'a> {
                 .entry(location_ids.clone())
                 .or_insert(next_stack);
             let thread = self.string(&group.thread_name);
-            let key = (stack, pid, group.thread_id, thread);
+            let key = (
+                stack,
+                pid,
+                group.thread_id,
+                thread,
+                group.cpu,
+                group.labels.clone(),
+            );
             if let Some(&at) = self.samples.get(&key) {
                 let value = &mut self.profile.sample[at].value;
                 value[0] = value[0].saturating_add(n);
@@ -183,6 +193,14 @@ impl<'a> Builder<'a> {
                     ..Label::default()
                 },
             ];
+            if let Some(cpu) = group.cpu {
+                label.push(Label {
+                    key: self.string(LABEL_CPU),
+                    num: i64::from(cpu),
+                    ..Label::default()
+                });
+            }
+
             let k8s = process
                 .process
                 .k8s
@@ -202,7 +220,9 @@ impl<'a> Builder<'a> {
                     });
                 }
             }
-            for (name, value) in process.process.labels.iter() {
+            // The process's labels, then the samples' own (by thread or
+            // CPU), each replacing a label of the same name.
+            for (name, value) in process.process.labels.iter().chain(group.labels.iter()) {
                 let (key, str) = (self.string(name), self.string(value));
                 match label.iter_mut().find(|l| l.key == key) {
                     Some(existing) => {

@@ -20,8 +20,11 @@ fn refusal(request: &ExportProfilesServiceRequest) -> String {
     accept(request, &ReceiveLimits::default()).unwrap_err().0
 }
 
-/// Samples per (pid, thread, leaf-first function names), order-independent.
-fn shape(batch: &ProfileBatch) -> Vec<(u32, u32, Vec<String>, usize)> {
+/// (pid, thread, CPU, leaf-first function names, samples).
+type Shape = (u32, u32, Option<u32>, Vec<String>, usize);
+
+/// Samples per (pid, thread, CPU, leaf-first function names), order-independent.
+fn shape(batch: &ProfileBatch) -> Vec<Shape> {
     let mut out: Vec<_> = batch
         .processes
         .iter()
@@ -35,6 +38,7 @@ fn shape(batch: &ProfileBatch) -> Vec<(u32, u32, Vec<String>, usize)> {
                 (
                     p.process.pid,
                     s.thread_id,
+                    s.cpu,
                     names,
                     s.timestamps_unix_nanos.len(),
                 )
@@ -44,8 +48,8 @@ fn shape(batch: &ProfileBatch) -> Vec<(u32, u32, Vec<String>, usize)> {
     out.sort();
     // Groups with the same identity merge on encoding: merge here too.
     out.dedup_by(|b, a| {
-        if (a.0, a.1, &a.2) == (b.0, b.1, &b.2) {
-            a.3 += b.3;
+        if (a.0, a.1, a.2, &a.3) == (b.0, b.1, b.2, &b.3) {
+            a.4 += b.4;
             true
         } else {
             false

@@ -13,10 +13,12 @@ use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::profiles::v1development::{Profile, ProfilesDictionary};
 
 use crate::model::{
-    ExecutableBuildIds, Frame, FrameKind, HostInfo, Line, Mapping, ProcessInfo, ProcessProfile,
-    ProfileBatch, SampleGroup,
+    ExecutableBuildIds, Frame, FrameKind, HostInfo, Labels, Line, Mapping, ProcessInfo,
+    ProcessProfile, ProfileBatch, SampleGroup,
 };
-use crate::otlp_encode::{ATTR_BUILD_ID_GNU, ATTR_FRAME_TYPE, ATTR_THREAD_ID, ATTR_THREAD_NAME};
+use crate::otlp_encode::{
+    ATTR_BUILD_ID_GNU, ATTR_CPU, ATTR_FRAME_TYPE, ATTR_THREAD_ID, ATTR_THREAD_NAME,
+};
 
 /// The model of a request, and how many of its profiles did not convert.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +71,7 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
             for sample in &profile.samples {
                 let stack = frames.stack(sample.stack_index);
                 let (mut thread_id, mut thread_name) = (0u32, Arc::<str>::from(""));
+                let mut cpu = None;
                 for &a in &sample.attribute_indices {
                     let Some(attr) = dict.attribute_table.get(a as usize) else {
                         continue;
@@ -80,6 +83,9 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
                         }
                         (ATTR_THREAD_NAME, Some(any_value::Value::StringValue(name))) => {
                             thread_name = Arc::from(name.as_str());
+                        }
+                        (ATTR_CPU, Some(any_value::Value::IntValue(n))) => {
+                            cpu = u32::try_from(*n).ok();
                         }
                         _ => {}
                     }
@@ -98,14 +104,19 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
                         thread_name,
                         timestamps_unix_nanos: Vec::new(),
                         count,
+                        cpu,
+                        labels: Labels::default(),
                     }
                 } else {
-                    SampleGroup::timed(
-                        stack.clone(),
-                        thread_id,
-                        thread_name,
-                        sample.timestamps_unix_nano.clone(),
-                    )
+                    SampleGroup {
+                        cpu,
+                        ..SampleGroup::timed(
+                            stack.clone(),
+                            thread_id,
+                            thread_name,
+                            sample.timestamps_unix_nano.clone(),
+                        )
+                    }
                 };
                 if group.count > 0 {
                     samples.push(group);

@@ -25,6 +25,29 @@ pub trait ProcessLabeler: Send + Sync + std::fmt::Debug {
     /// Whether [`Self::label`] may return `None`: then BPF is asked to skip
     /// the processes it excludes.
     fn may_exclude(&self) -> bool;
+    /// Whether labels also depend on the thread and CPU of a sample
+    /// (`__meta_thread_comm`, `__meta_thread_id`, `__meta_cpuid`): then
+    /// [`Self::label_thread`] is asked for each thread and CPU of a batch.
+    fn per_thread(&self) -> bool {
+        false
+    }
+    /// The labels of samples taken on one thread and CPU, from the process's
+    /// `__meta_*` labels and [`THREAD_LABELS`]; `None` drops those samples.
+    fn label_thread(&self, meta: LabelSet) -> Option<LabelSet> {
+        Some(meta)
+    }
+}
+
+/// The labels of a sample's thread and CPU, as Parca Agent names them.
+pub const THREAD_LABELS: [&str; 3] = ["__meta_thread_comm", "__meta_thread_id", "__meta_cpuid"];
+
+/// `meta` with the thread and CPU labels of a sample added.
+pub fn with_thread_labels(mut meta: LabelSet, comm: &str, tid: u32, cpu: u32) -> LabelSet {
+    let [comm_label, tid_label, cpu_label] = THREAD_LABELS;
+    meta.insert(comm_label.to_owned(), comm.to_owned());
+    meta.insert(tid_label.to_owned(), tid.to_string());
+    meta.insert(cpu_label.to_owned(), cpu.to_string());
+    meta
 }
 
 /// What is known of a process beyond [`ProcessInfo`], for its labels.
