@@ -63,9 +63,12 @@ fn samples_survive_an_endpoint_outage() {
         s(pprof_dir.display()),
     ]);
     args.extend(duration_args(RUN));
-    let started = Instant::now();
     let mut icecore = Icecore::spawn(&args, target.dir());
-
+    // The outage counts from the first sample, as `--duration` does: loading
+    // the BPF programs takes seconds on a busy 2-CPU host, and batches made
+    // during the outage are what this test is about.
+    icecore.wait_for_log("sampling started", Duration::from_secs(60));
+    let started = Instant::now();
     std::thread::sleep(OUTAGE);
     let up_unix_nanos = support::now_unix_nanos();
     let receiver = OtlpReceiver::start_on(addr);
