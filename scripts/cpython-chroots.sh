@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Debian's own CPython builds for the tests, in a Debian sid chroot: 3.13, 3.14
 # and 3.15 (statically linked, stripped, PGO'd executables, as Debian ships
-# them) and their -dbg packages (the DWARF the layout test checks against).
-# The CPython tests profile processes running in this chroot like a
+# them) and their -dbg packages (the DWARF the layout test checks against),
+# and Debian's Ruby 3.3 and, from experimental, 3.4 (stripped libruby builds
+# that export no data symbols).
+# The runtime tests profile processes running in this chroot like a
 # container's. Idempotent: a complete chroot is reused, so a machine pays
 # the minute once.
 #
@@ -19,6 +21,7 @@ complete() {
     [[ -x $root/usr/bin/python$v ]] || return 1
     chroot "$root" dpkg -s "python$v-dbg" >/dev/null 2>&1 || return 1
   done
+  [[ -x $root/usr/bin/ruby3.3 && -x $root/usr/bin/ruby3.4 ]] || return 1
 }
 
 if [[ $(id -u) -ne 0 ]]; then
@@ -40,10 +43,20 @@ if [[ ! -x $root/usr/bin/apt-get ]]; then
 fi
 packages=()
 for v in "${versions[@]}"; do packages+=("python$v" "python$v-dbg"); done
+packages+=(ruby3.3)
 log "installing ${packages[*]}"
 # The registry's Release files can be past their Valid-Until date.
 chroot "$root" apt-get -o Acquire::Check-Valid-Until=false update -qq
 chroot "$root" env DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+# Ruby 3.4 is only in experimental.
+experimental=$root/etc/apt/sources.list.d/experimental.list
+if [[ ! -f $experimental ]]; then
+  sed -n 's/^\(deb .*\) sid \(.*\)$/\1 experimental \2/p' "$root/etc/apt/sources.list" > "$experimental"
+  chroot "$root" apt-get -o Acquire::Check-Valid-Until=false update -qq
+fi
+log "installing ruby3.4 from experimental"
+chroot "$root" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq --no-install-recommends -t experimental ruby3.4 >/dev/null
 complete || { log "the chroot in $root is still incomplete"; exit 1; }
 log "ready: $(for v in "${versions[@]}"; do chroot "$root" "python$v" -c 'import sys; print(sys.version.split()[0], end=" ")'; done)"

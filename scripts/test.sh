@@ -10,12 +10,14 @@ export PATH=$HOME/.cargo/bin:$PATH  # where a fresh rustup install puts cargo
 command -v clang >/dev/null || { echo "test: clang is needed for the fixtures" >&2; exit 1; }
 
 # Test-only prerequisites: libc's separate debug file (DWARF symbolization
-# through .build-id), binutils (strip/objcopy for stripped fixtures), and a Go
+# through .build-id), binutils (strip/objcopy for stripped fixtures), Ruby, and a Go
 # toolchain from PyPI (Go symbolization through .gopclntab).
 if [[ $(id -u) -eq 0 ]]; then
   missing=()
   dpkg -s libc6-dbg >/dev/null 2>&1 || missing+=(libc6-dbg)
   command -v objcopy >/dev/null || missing+=(binutils)
+  # Debian's CRuby 3.1, which the Ruby walk is checked against.
+  [[ -x /usr/bin/ruby3.1 ]] || missing+=(ruby3.1)
   if ((${#missing[@]})); then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi

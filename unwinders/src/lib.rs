@@ -18,6 +18,7 @@ pub mod memory;
 pub mod native;
 pub mod programs;
 pub mod python;
+pub mod ruby;
 pub mod runtime;
 pub mod sample;
 #[cfg(feature = "user")]

@@ -293,3 +293,29 @@ mod tests {
         assert_eq!(reader.window.bytes, 0);
     }
 }
+
+/// A sparse memory image for the walks' unit tests.
+#[cfg(test)]
+pub(crate) mod test_image {
+    extern crate std;
+    use std::collections::BTreeMap;
+
+    use super::MemoryReader;
+
+    /// Words at addresses; anything else is unreadable.
+    #[derive(Default)]
+    pub(crate) struct Image(BTreeMap<u64, u64>);
+
+    impl Image {
+        /// Writes `value` at `address`.
+        pub(crate) fn put(&mut self, address: u64, value: u64) {
+            self.0.insert(address, value);
+        }
+    }
+
+    impl MemoryReader for Image {
+        fn read_u64(&mut self, address: u64) -> Option<u64> {
+            self.0.get(&address).copied()
+        }
+    }
+}

@@ -247,24 +247,7 @@ impl PythonProcess {
 mod tests {
     use super::*;
 
-    extern crate std;
-    use std::collections::BTreeMap;
-
-    /// A sparse memory image of words.
-    #[derive(Default)]
-    struct Image(BTreeMap<u64, u64>);
-
-    impl Image {
-        fn put(&mut self, address: u64, value: u64) {
-            self.0.insert(address, value);
-        }
-    }
-
-    impl MemoryReader for Image {
-        fn read_u64(&mut self, address: u64) -> Option<u64> {
-            self.0.get(&address).copied()
-        }
-    }
+    use crate::memory::test_image::Image;
 
     /// 3.12-like offsets: cframe indirection, pointer positions, shims.
     fn process() -> PythonProcess {

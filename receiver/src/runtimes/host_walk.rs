@@ -4,6 +4,7 @@
 
 use std::{
     io::{BufRead, BufReader},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     sync::mpsc,
     time::Duration,
@@ -15,6 +16,39 @@ use super::memory::ProcessMemory;
 
 /// How long a runtime may take to start and print its first line.
 const FIRST_LINE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A runtime's program to run, on the host or in a chroot (Debian sid's
+/// interpreters, whose processes are then profiled like a container's).
+#[derive(Debug, Clone)]
+pub struct Interpreter {
+    /// The program, as the chroot (if any) sees it.
+    pub program: PathBuf,
+    /// The chroot it runs in.
+    pub root: Option<PathBuf>,
+}
+
+impl Interpreter {
+    /// A command running the program (through `chroot` when it has a root).
+    pub fn command(&self) -> Command {
+        match &self.root {
+            Some(root) => {
+                let mut command = Command::new("chroot");
+                command.arg(root).arg(&self.program);
+                command
+            }
+            None => Command::new(&self.program),
+        }
+    }
+}
+
+impl std::fmt::Display for Interpreter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.root {
+            Some(root) => write!(f, "{} in {}", self.program.display(), root.display()),
+            None => write!(f, "{}", self.program.display()),
+        }
+    }
+}
 
 /// A live process's memory, as the BPF walk reads it.
 pub struct HostMemory(pub ProcessMemory);

@@ -21,6 +21,7 @@ pub mod memory;
 pub mod perf_map;
 pub mod python;
 pub mod registry;
+pub mod ruby;
 pub mod services;
 pub mod stack;
 

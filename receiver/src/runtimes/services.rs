@@ -1,7 +1,8 @@
 //! What the framework gives every runtime plugin, so that none copies it:
 //! opening a process's mapped file, a per-file probe cache (parse a file
-//! once, then describe each process that maps it), and a handle on the
-//! runtime's per-process BPF map.
+//! once, then describe each process that maps it), a file's load segments
+//! (to place its symbols in a process), and a handle on the runtime's
+//! per-process BPF map.
 
 use std::{num::NonZeroUsize, path::PathBuf, sync::Arc};
 
@@ -23,6 +24,82 @@ pub fn mapped_file_paths(pid: u32, mapping: &MappedFile) -> [PathBuf; 3] {
         PathBuf::from(format!("/proc/{pid}/root{}", mapping.path)),
         PathBuf::from(&*mapping.path),
     ]
+}
+
+/// A runtime's file could not be read as ELF.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfFileError {
+    /// The file could not be opened.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not ELF, or its headers cannot be parsed.
+    #[error("{path}: {message}")]
+    NotElf {
+        /// The file.
+        path: String,
+        /// The parser's complaint.
+        message: String,
+    },
+}
+
+/// `path` opened for parsing as ELF, read on demand.
+pub fn open_elf(
+    path: &std::path::Path,
+) -> Result<object::read::ReadCache<std::fs::File>, ElfFileError> {
+    std::fs::File::open(path)
+        .map(object::read::ReadCache::new)
+        .map_err(|source| ElfFileError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// `cache` (opened from `path`) parsed as an object file.
+pub fn parse_elf<'a>(
+    path: &std::path::Path,
+    cache: &'a object::read::ReadCache<std::fs::File>,
+) -> Result<object::File<'a, &'a object::read::ReadCache<std::fs::File>>, ElfFileError> {
+    object::File::parse(cache).map_err(|e| ElfFileError::NotElf {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// An ELF file's `PT_LOAD` segments: (file offset, file size, virtual
+/// address), to turn one mapping of the file into its load bias.
+#[derive(Debug, Clone, Default)]
+pub struct LoadSegments(Vec<(u64, u64, u64)>);
+
+impl LoadSegments {
+    /// The segments of `elf`.
+    pub fn of<'data, R: object::ReadRef<'data>>(elf: &object::File<'data, R>) -> Self {
+        use object::{Object, ObjectSegment};
+        LoadSegments(
+            elf.segments()
+                .map(|s| {
+                    let (offset, size) = s.file_range();
+                    (offset, size, s.address())
+                })
+                .collect(),
+        )
+    }
+
+    /// Process address minus ELF virtual address, from a mapping of the
+    /// file starting at `mapping_start` with `file_offset`.
+    pub fn load_bias(&self, mapping_start: u64, file_offset: u64) -> Option<u64> {
+        // A mapping starts on a page, which may be before its segment's
+        // unaligned file offset; vaddr - offset is constant across the page.
+        let &(offset, _, vaddr) = self.0.iter().find(|&&(offset, size, _)| {
+            offset & !0xfff <= file_offset && file_offset < offset + size
+        })?;
+        let vaddr_of_start = vaddr.wrapping_add(file_offset).wrapping_sub(offset);
+        Some(mapping_start.wrapping_sub(vaddr_of_start))
+    }
 }
 
 /// `path` as the process `pid` sees it, from icecore's mount namespace.

@@ -9,13 +9,16 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, read::ReadCache};
+use object::{Object, ObjectSection, ObjectSymbol, read::ReadCache};
 
 use super::{
     debug_offsets::{DebugOffsetsError, layout_from},
     layouts::{PythonLayout, layout},
 };
-use crate::symbolize::debug_file;
+use crate::{
+    runtimes::services::{ElfFileError, LoadSegments, open_elf, parse_elf},
+    symbolize::debug_file,
+};
 
 /// The first version whose `_PyRuntime` starts with `_Py_DebugOffsets`.
 const DEBUG_OFFSETS_SINCE: (u8, u8) = (3, 13);
@@ -29,22 +32,9 @@ const MAX_DEBUG_FILE: u64 = 512 << 20;
 /// Why a file is not a usable CPython.
 #[derive(Debug, thiserror::Error)]
 pub enum DetectError {
-    /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file is not ELF, or its symbols cannot be parsed.
-    #[error("{path}: {message}")]
-    NotElf {
-        /// The file.
-        path: String,
-        /// The parser's complaint.
-        message: String,
-    },
+    /// The file could not be read as ELF.
+    #[error(transparent)]
+    File(#[from] ElfFileError),
     /// The file does not define `_PyRuntime` (a launcher linking libpython,
     /// or not CPython at all).
     #[error("{0} defines no _PyRuntime")]
@@ -108,20 +98,14 @@ pub struct PythonBinary {
     pub eval_loop: Vec<Range<u64>>,
     /// `PyCode_Type`, to check that a pointer BPF reported is a code object.
     pub code_type: Option<u64>,
-    /// `PT_LOAD` segments: (file offset, file size, virtual address).
-    segments: Vec<(u64, u64, u64)>,
+    /// Where the file's segments load.
+    segments: LoadSegments,
 }
 
 impl PythonBinary {
     /// Process address minus ELF virtual address, from one mapping of the file.
     pub fn load_bias(&self, mapping_start: u64, file_offset: u64) -> Option<u64> {
-        // A mapping starts on a page, which may be before its segment's
-        // unaligned file offset; vaddr - offset is constant across the page.
-        let &(offset, _, vaddr) = self.segments.iter().find(|&&(offset, size, _)| {
-            offset & !0xfff <= file_offset && file_offset < offset + size
-        })?;
-        let vaddr_of_start = vaddr.wrapping_add(file_offset).wrapping_sub(offset);
-        Some(mapping_start.wrapping_sub(vaddr_of_start))
+        self.segments.load_bias(mapping_start, file_offset)
     }
 }
 
@@ -172,15 +156,8 @@ pub fn inspect_with(
     debug: &DebugSearch,
 ) -> Result<PythonBinary, DetectError> {
     let shown = || path.display().to_string();
-    let file = File::open(path).map_err(|source| DetectError::Io {
-        path: shown(),
-        source,
-    })?;
-    let cache = ReadCache::new(file);
-    let elf = object::File::parse(&cache).map_err(|e| DetectError::NotElf {
-        path: shown(),
-        message: e.to_string(),
-    })?;
+    let cache = open_elf(path)?;
+    let elf = parse_elf(path, &cache)?;
     let mut runtime = None;
     let mut runtime_size = None;
     let mut eval_loop = Vec::new();
@@ -259,13 +236,7 @@ pub fn inspect_with(
             eval_loop.push(cold);
         }
     }
-    let segments = elf
-        .segments()
-        .map(|s| {
-            let (offset, size) = s.file_range();
-            (offset, size, s.address())
-        })
-        .collect();
+    let segments = LoadSegments::of(&elf);
     Ok(PythonBinary {
         layout,
         runtime,

@@ -2,10 +2,7 @@
 //! CPython processes of every version on the machine: the same code BPF
 //! runs, reading the process's memory through `/proc/PID/mem`.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::path::{Path, PathBuf};
 
 use icecore_unwinders::{
     python::{CPYTHON, PythonStep},
@@ -21,7 +18,7 @@ use super::{
 use crate::{
     process_maps::ProcessMappings,
     runtimes::{
-        host_walk::{HostMemory, LiveProcess, spawn_and_read_line},
+        host_walk::{HostMemory, Interpreter as Python, LiveProcess, spawn_and_read_line},
         memory::ProcessMemory,
         services::MemoryProcessMap,
     },
@@ -40,36 +37,6 @@ def top():
     mid()
 top()
 ";
-
-/// A CPython to run: a program, in a chroot or not.
-#[derive(Debug, Clone)]
-struct Python {
-    program: PathBuf,
-    /// A chroot the program runs in (Debian sid's interpreters).
-    root: Option<PathBuf>,
-}
-
-impl Python {
-    fn command(&self) -> Command {
-        match &self.root {
-            Some(root) => {
-                let mut command = Command::new("chroot");
-                command.arg(root).arg(&self.program);
-                command
-            }
-            None => Command::new(&self.program),
-        }
-    }
-}
-
-impl std::fmt::Display for Python {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.root {
-            Some(root) => write!(f, "{} in {}", self.program.display(), root.display()),
-            None => write!(f, "{}", self.program.display()),
-        }
-    }
-}
 
 /// Debian's python3.11, pyenv's 3.8–3.13, and Debian sid's 3.13–3.15 in
 /// their chroot (`scripts/cpython-chroots.sh`), those present.

@@ -1,0 +1,140 @@
+//! CRuby's struct layouts on x86-64, per minor version, as data. Patch
+//! releases of one minor move none of these fields. Sources: CRuby's
+//! headers of each version, checked against Debian's libruby 3.1.2, 3.3.8
+//! and 3.4.11 by reading live processes (`walk_tests.rs` does so in CI).
+
+/// Where the fields icecore reads sit in one CRuby minor version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RubyLayout {
+    /// (major, minor).
+    pub version: (u8, u8),
+    /// `sizeof(rb_control_frame_t)`.
+    pub control_frame_size: u16,
+    /// `rb_ractor_t.threads.running_ec`.
+    pub ractor_running_ec: u16,
+    /// `rb_iseq_t.body`.
+    pub iseq_body: u64,
+    /// `rb_iseq_constant_body.location.pathobj`.
+    pub body_pathobj: u64,
+    /// `rb_iseq_constant_body.location.label`.
+    pub body_label: u64,
+    /// `rb_iseq_constant_body.location.first_lineno`.
+    pub body_first_lineno: u64,
+    /// Whether `first_lineno` is a tagged Integer (3.1) rather than an int.
+    pub first_lineno_is_value: bool,
+    /// `rb_iseq_constant_body.iseq_encoded`.
+    pub body_iseq_encoded: u64,
+    /// `rb_iseq_constant_body.iseq_size` (u32, in words).
+    pub body_iseq_size: u64,
+    /// `rb_iseq_constant_body.insns_info.body`.
+    pub body_insns_info: u64,
+    /// `rb_iseq_constant_body.insns_info.size` (u32).
+    pub body_insns_info_size: u64,
+    /// `rb_iseq_constant_body.insns_info.succ_index_table`.
+    pub body_succ_index_table: u64,
+    /// Where an embedded String's bytes start.
+    pub string_embedded_bytes: u64,
+    /// Whether an embedded String's length is in its flags (3.1) rather
+    /// than in the word at +16.
+    pub string_embedded_len_in_flags: bool,
+}
+
+/// The layout of CRuby `major.minor`, if icecore knows it.
+pub fn layout(version: (u8, u8)) -> Option<RubyLayout> {
+    LAYOUTS.iter().find(|l| l.version == version).copied()
+}
+
+/// The versions icecore walks.
+pub const SUPPORTED: &str = "3.1 to 3.4";
+
+const V3_1: RubyLayout = RubyLayout {
+    version: (3, 1),
+    control_frame_size: 64,
+    ractor_running_ec: 0x208,
+    iseq_body: 16,
+    body_pathobj: 64,
+    body_label: 80,
+    body_first_lineno: 88,
+    first_lineno_is_value: true,
+    body_iseq_encoded: 8,
+    body_iseq_size: 4,
+    body_insns_info: 120,
+    body_insns_info_size: 136,
+    body_succ_index_table: 144,
+    string_embedded_bytes: 16,
+    string_embedded_len_in_flags: true,
+};
+
+/// 3.2: `first_lineno` became an int, so `insns_info` moved by 8; Strings
+/// always keep their length at +16 and embedded bytes at +24.
+const V3_2: RubyLayout = RubyLayout {
+    version: (3, 2),
+    first_lineno_is_value: false,
+    body_insns_info: 112,
+    body_insns_info_size: 128,
+    body_succ_index_table: 136,
+    string_embedded_bytes: 24,
+    string_embedded_len_in_flags: false,
+    ..V3_1
+};
+
+/// 3.3: `rb_control_frame_t` lost `__bp__`; the ractor's thread scheduler
+/// shrank.
+const V3_3: RubyLayout = RubyLayout {
+    version: (3, 3),
+    control_frame_size: 56,
+    ractor_running_ec: 0x180,
+    ..V3_2
+};
+
+const V3_4: RubyLayout = RubyLayout {
+    version: (3, 4),
+    ..V3_3
+};
+
+const LAYOUTS: [RubyLayout; 4] = [V3_1, V3_2, V3_3, V3_4];
+
+/// `RString`/`RArray` flag bits, the same in every supported version.
+pub mod flags {
+    /// `RBasic.flags` type bits.
+    pub const TYPE_MASK: u64 = 0x1f;
+    /// `T_STRING`.
+    pub const T_STRING: u64 = 0x05;
+    /// `T_ARRAY`.
+    pub const T_ARRAY: u64 = 0x07;
+    /// `RSTRING_NOEMBED` (`FL_USER1`): the bytes are on the heap.
+    pub const STRING_NOEMBED: u64 = 0x2000;
+    /// 3.1's embedded length: `FL_USER2..6`.
+    pub const STRING_EMBED_LEN_MASK_3_1: u64 = 0x7c000;
+    /// Its shift.
+    pub const STRING_EMBED_LEN_SHIFT_3_1: u32 = 14;
+    /// `RARRAY_EMBED_FLAG` (`FL_USER1`).
+    pub const ARRAY_EMBED: u64 = 0x2000;
+}
+
+/// `RString.as.heap.ptr`, and a heap String's length at +16, in every version.
+pub const STRING_HEAP_PTR: u64 = 24;
+/// A heap String's length (and from 3.2 any String's).
+pub const STRING_LEN: u64 = 16;
+/// An embedded Array's first element.
+pub const ARRAY_EMBEDDED: u64 = 16;
+/// A heap Array's element pointer.
+pub const ARRAY_HEAP_PTR: u64 = 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_version_has_one_layout_and_the_breaks_are_where_cruby_made_them() {
+        for minor in 1..=4 {
+            assert_eq!(layout((3, minor)).map(|l| l.version), Some((3, minor)));
+        }
+        assert_eq!(layout((3, 0)), None);
+        assert_eq!(layout((3, 5)), None);
+        assert_eq!(V3_1.control_frame_size, V3_2.control_frame_size);
+        assert_eq!(V3_3.control_frame_size, 56);
+        assert_eq!(V3_1.body_insns_info - V3_2.body_insns_info, 8);
+        assert_eq!(V3_3.body_insns_info, V3_4.body_insns_info);
+    }
+}
