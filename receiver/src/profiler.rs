@@ -18,23 +18,27 @@ use tracing::{debug, info, warn};
 use crate::{
     aggregate::{Aggregator, BatchWindow, IntervalStats},
     clock::MonotonicToUnix,
-    exec_watch::{ExecWatcher, Lifecycle},
+    exec_watch::ExecWatcher,
     host,
-    metadata::{
-        docker::DockerNames,
-        kubernetes::{self, KubernetesOptions},
-        labels::ProcessLabeler,
-        pods::SharedPods,
-    },
-    native_unwind::{DEFAULT_MAX_TABLE_BYTES, NativeUnwindInfo, NativeUnwindStats},
+    metadata::{docker::DockerNames, kubernetes, pods::SharedPods},
+    native_unwind::{DEFAULT_MAX_TABLE_BYTES, NativeUnwindInfo},
     processes::ProcessTable,
     record::RawSample,
-    runtimes::{RuntimePlugin, RuntimeStats, Runtimes, registry},
-    sampler::{CounterValues, CpuSampler, ProgramCost, RuntimeLoad, SamplerError, SamplerOptions},
+    runtimes::Runtimes,
+    sampler::{CpuSampler, SamplerError},
     startup,
-    symbolize::{Symbolizer, SymbolizerLimits},
+    symbolize::Symbolizer,
     unwind_maps::UnwindMaps,
 };
+
+mod lifecycle;
+mod options;
+mod runtime_setup;
+
+pub use options::{ProfilerOptions, ProfilerStats, RuntimeState};
+
+use lifecycle::apply_lifecycle;
+use runtime_setup::start_runtimes;
 
 /// How often the ring buffer is drained when BPF does not force a wakeup.
 /// Each wakeup of an idle agent costs tens of microseconds on a VM (timer
@@ -46,102 +50,6 @@ const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// counter read is one syscall per counter, so not on every drain), on the
 /// same timer so that it costs no wakeup of its own.
 const POLLS_PER_STATS_REFRESH: u32 = 2;
-
-/// Settings of the eBPF CPU profiler.
-#[derive(Debug, Clone)]
-pub struct ProfilerOptions {
-    /// What to sample.
-    pub sampler: SamplerOptions,
-    /// How often a batch is cut.
-    pub reporter_interval: Duration,
-    /// Processes tracked at once (least recently sampled evicted).
-    pub max_processes: NonZeroUsize,
-    /// Samples kept per interval; more are dropped and counted.
-    pub max_samples_per_interval: usize,
-    /// The symbolizer's bounds (debug information memory among them).
-    pub symbolizer: SymbolizerLimits,
-    /// How long the start waits for the unwind tables of the processes
-    /// already running (their first samples are then unwound whole).
-    pub startup_tables_wait: Duration,
-    /// Decides each process's labels, or that it is not profiled; every
-    /// process is profiled without labels beyond its identity when `None`.
-    pub labeler: Option<Arc<dyn ProcessLabeler>>,
-    /// Where to watch this node's pods for their names and labels; none
-    /// when `None` (processes in pods keep their IDs).
-    pub kubernetes: Option<KubernetesOptions>,
-    /// Whether processes carry their command line (`process.command_line`).
-    pub command_lines: bool,
-    /// The Docker Engine's socket, to name Docker containers; none when `None`.
-    pub docker_socket: Option<std::path::PathBuf>,
-}
-
-impl ProfilerOptions {
-    /// Defaults for everything but what to sample.
-    pub fn new(sampler: SamplerOptions, reporter_interval: Duration) -> Self {
-        ProfilerOptions {
-            sampler,
-            reporter_interval,
-            max_processes: NonZeroUsize::new(16_384).unwrap_or(NonZeroUsize::MIN),
-            max_samples_per_interval: 2_000_000,
-            symbolizer: SymbolizerLimits::default(),
-            startup_tables_wait: Duration::from_secs(10),
-            labeler: None,
-            kubernetes: None,
-            command_lines: false,
-            docker_socket: None,
-        }
-    }
-}
-
-/// Running totals, readable while the profiler runs (for logs and metrics).
-#[derive(Debug, Clone, Default)]
-pub struct ProfilerStats {
-    /// BPF counters summed over CPUs.
-    pub counters: CounterValues,
-    /// Kernel-measured BPF cost.
-    pub bpf_cost: ProgramCost,
-    /// Ring-buffer records that failed to decode.
-    pub malformed_records: u64,
-    /// Samples of processes relabeling excluded, taken before BPF skipped
-    /// them (dropped in user space).
-    pub samples_excluded: u64,
-    /// Samples put into batches.
-    pub samples_reported: u64,
-    /// Samples dropped at the per-interval limit.
-    pub samples_dropped: u64,
-    /// Samples relabeling by thread or CPU dropped.
-    pub samples_relabel_dropped: u64,
-    /// Batches produced.
-    pub batches: u64,
-    /// Processes currently tracked.
-    pub processes_tracked: usize,
-    /// The native unwinder's tables and process descriptions.
-    pub native: NativeUnwindStats,
-    /// Kernel memory of all of icecore's BPF maps, inner maps included.
-    pub bpf_map_bytes: u64,
-    /// Each runtime plugin's counts, by name.
-    pub runtimes: Vec<(&'static str, RuntimeStats)>,
-    /// Each runtime's state: running, turned off, or failed to start.
-    pub runtime_states: Vec<(&'static str, RuntimeState)>,
-    /// Execs the exec thread followed.
-    pub execs: u64,
-    /// Of those, processes gone before their image could be read.
-    pub execs_gone: u64,
-    /// Lifecycle events dropped because the profiler fell behind.
-    pub exec_events_dropped: u64,
-}
-
-/// Whether a runtime runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuntimeState {
-    /// Its plugin runs (and its BPF program, if it has one, is loaded).
-    Running,
-    /// Turned off by configuration.
-    Disabled,
-    /// It could not start: the kernel rejected its BPF program, or its
-    /// plugin could not be built (the message says why).
-    Failed(String),
-}
 
 /// The eBPF CPU profiler.
 pub struct CpuProfiler {
@@ -596,151 +504,6 @@ impl CpuProfiler {
         }
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
-}
-
-/// Applies one result of the exec thread to the profiler's state.
-fn apply_lifecycle(
-    event: Lifecycle,
-    processes: &mut ProcessTable,
-    native: &mut Option<NativeUnwindInfo>,
-    runtimes: &mut Runtimes,
-    symbolizer: &mut Symbolizer,
-    described: &mut Vec<u32>,
-    exits: &mut Vec<(u32, u64)>,
-) {
-    // BPF first, symbols after: until BPF knows a new image its samples are
-    // dropped, while parsing its files' symbols can wait for the batch.
-    match event {
-        Lifecycle::Exec {
-            pid,
-            ktime_ns,
-            snapshot,
-            files,
-        } => {
-            if processes.exec(pid, ktime_ns, *snapshot) {
-                // What BPF and the plugins knew was the old image's.
-                if let Some(native) = native.as_mut() {
-                    native.forget_process(pid);
-                }
-                runtimes.detach(pid);
-            }
-            // Described at its exec with what is mapped so far (the
-            // libraries follow as the loader maps them, re-read below).
-            describe_image(pid, processes, native, runtimes, described);
-            // Parsed now, from the files held open since the exec: the
-            // process may be gone by the time its batch is cut.
-            if let Some(process) = processes.get(pid) {
-                symbolizer.preload(pid, &process.mappings, &files);
-            }
-        }
-        Lifecycle::Mappings {
-            pid,
-            ktime_ns,
-            mappings,
-            files,
-        } => {
-            if processes.exec_mappings(pid, ktime_ns, mappings) {
-                describe_image(pid, processes, native, runtimes, described);
-                if let Some(process) = processes.get(pid) {
-                    symbolizer.preload(pid, &process.mappings, &files);
-                }
-            }
-        }
-        Lifecycle::Unknown { pid } => {
-            let (process, learned) = processes.get_or_learn(pid, "");
-            // Described already: BPF learns it from that description (the
-            // report was sent before it took effect), or the description
-            // failed and was counted; either way, not again on every report.
-            if process.described {
-                return;
-            }
-            if learned {
-                // A reused pid: whatever was known of the old process goes.
-                runtimes.detach(pid);
-            }
-            describe_image(pid, processes, native, runtimes, described);
-            if learned && let Some(process) = processes.get(pid) {
-                symbolizer.preload(pid, &process.mappings, &[]);
-            }
-        }
-        Lifecycle::Exit { pid, ktime_ns } => exits.push((pid, ktime_ns)),
-    }
-}
-
-/// Describes the current image of `pid` to BPF, unless relabeling excluded
-/// it or it maps no code yet.
-fn describe_image(
-    pid: u32,
-    processes: &mut ProcessTable,
-    native: &mut Option<NativeUnwindInfo>,
-    runtimes: &mut Runtimes,
-    described: &mut Vec<u32>,
-) {
-    let (Some(native), Some(process)) = (native.as_mut(), processes.get(pid)) else {
-        return;
-    };
-    if process.excluded || process.mappings.executable().next().is_none() {
-        return;
-    }
-    let code = runtimes.attach(pid, &process.mappings);
-    native.describe_process(pid, &process.mappings, &code);
-    processes.mark_described(pid);
-    described.push(pid);
-}
-
-/// Each runtime's name and state.
-type RuntimeStates = Vec<(&'static str, RuntimeState)>;
-
-/// Builds the plugin of every enabled runtime whose BPF program (if any)
-/// loaded, and says what became of each runtime.
-fn start_runtimes(
-    sampler: &mut CpuSampler,
-    enabled: &[&'static str],
-    native_tables: bool,
-) -> (Vec<Box<dyn RuntimePlugin>>, RuntimeStates) {
-    let mut plugins = Vec::new();
-    let mut states = Vec::new();
-    for runtime in registry::RUNTIMES {
-        let state = if !enabled.contains(&runtime.name) {
-            RuntimeState::Disabled
-        } else if let Some(failure) = runtime.bpf.and_then(|bpf| {
-            sampler
-                .runtime_loads()
-                .iter()
-                .find_map(|(r, load)| match load {
-                    RuntimeLoad::Failed(why) if r.name == bpf.name => Some(why.clone()),
-                    _ => None,
-                })
-        }) {
-            RuntimeState::Failed(failure)
-        } else if runtime.bpf.is_some() && !native_tables {
-            // Runtime code is dispatched from the native unwinder's tables.
-            warn!(
-                runtime = runtime.name,
-                "runtime off: the native unwinder's tables are off"
-            );
-            RuntimeState::Failed("the native unwinder's tables are off".into())
-        } else {
-            match (runtime.build)(sampler) {
-                Ok(plugin) => {
-                    plugins.push(plugin);
-                    RuntimeState::Running
-                }
-                Err(e) => {
-                    warn!(runtime = runtime.name, "runtime off: {e}");
-                    RuntimeState::Failed(e.to_string())
-                }
-            }
-        };
-        states.push((runtime.name, state));
-    }
-    let running: Vec<&str> = states
-        .iter()
-        .filter(|(_, s)| *s == RuntimeState::Running)
-        .map(|(n, _)| *n)
-        .collect();
-    info!(runtimes = ?running, "runtime unwinders");
-    (plugins, states)
 }
 
 async fn wait_notified(notify: Option<&tokio::sync::Notify>) {
