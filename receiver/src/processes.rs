@@ -7,141 +7,23 @@ use std::{
     time::{Duration, Instant},
 };
 
-use icecore_otlp::model::{ExecutableBuildIds, ProcessInfo};
+use icecore_otlp::model::ProcessInfo;
 use lru::LruCache;
 use tracing::debug;
 
 use crate::metadata::docker::{DockerContainer, DockerNames};
-use crate::metadata::labels::{self, ProcessFacts, ProcessLabeler, Workload};
+use crate::metadata::labels::{self, ProcessLabeler, Workload};
 use crate::metadata::pods::{PodMeta, SharedPods};
+use crate::process_maps::{self, ProcessMappings};
 
+mod image;
 mod thread_labels;
-use crate::process_maps::{self, MappedFile, ProcessMappings};
+
+pub use image::{ImageSnapshot, TrackedProcess};
 
 /// Re-reading a process's maps for an unknown address (a library loaded with
 /// `dlopen`, JIT code) happens at most this often per process.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
-
-/// One image of a tracked process: what one `exec` (or the process's
-/// start) put in place, until the next `exec` replaces it.
-#[derive(Debug)]
-pub struct TrackedProcess {
-    /// Identity for the profile.
-    pub info: ProcessInfo,
-    /// File-backed mappings and the vDSO; empty when the process was gone before they could be read.
-    pub mappings: ProcessMappings,
-    /// Which image this is: unique over the table's life, so samples name
-    /// the image they were taken in even after an `exec` replaced it.
-    pub image: u64,
-    /// Whether the profiler described this image to BPF (at its exec or its
-    /// first sample).
-    pub described: bool,
-    /// Whether relabeling excluded the image from profiling: it is never
-    /// described, BPF is told to skip it, and samples taken before are dropped.
-    pub excluded: bool,
-    /// Its command line and cgroup, for relabeling it again when its pod's
-    /// metadata arrives.
-    facts: ProcessFacts,
-    /// Start time in clock ticks since boot, to tell a reused PID from the original.
-    start_time: Option<u64>,
-    /// `CLOCK_MONOTONIC` of the `exec` that started the image; 0 when it was
-    /// learned from a sample (it ran before anything icecore saw).
-    exec_ktime: u64,
-    /// `CLOCK_MONOTONIC` when the image was read.
-    learned_ktime: u64,
-    /// When the maps were last re-read; `None` before the first re-read,
-    /// which is never held back (an image learned at `exec` has not mapped
-    /// its libraries yet).
-    last_refresh: Option<Instant>,
-}
-
-/// What `/proc` says of a process at one moment: enough to profile it
-/// after it is gone.
-#[derive(Debug, Clone)]
-pub struct ImageSnapshot {
-    /// Identity for the profile.
-    pub info: ProcessInfo,
-    /// File-backed mappings and the vDSO; empty when the process was gone.
-    pub mappings: ProcessMappings,
-    /// Start time in clock ticks since boot.
-    pub start_time: Option<u64>,
-    /// `CLOCK_MONOTONIC` when it was read.
-    pub read_ktime: u64,
-    /// Its command line and cgroup, for its labels.
-    pub facts: ProcessFacts,
-}
-
-impl ImageSnapshot {
-    /// Reads the process now; `comm` names it when its executable cannot be read.
-    pub fn read(pid: u32, comm: &str) -> Self {
-        let read_ktime = crate::clock::MonotonicToUnix::monotonic_now();
-        let mappings = match ProcessMappings::read(pid) {
-            Ok(m) => m,
-            Err(e) => {
-                debug!(pid, "cannot read mappings: {e}");
-                ProcessMappings::default()
-            }
-        };
-        let path = process_maps::executable_path(pid).ok();
-        let cgroup = crate::metadata::cgroup::read_identity(pid);
-        let stat = process_maps::start_time_and_parent(pid).ok();
-        let facts = ProcessFacts::read(pid, &cgroup);
-        let name: Arc<str> = match &path {
-            Some(p) => Arc::from(p.rsplit('/').next().unwrap_or(p.as_str())),
-            // A kernel thread, or a process learned without a sample (at
-            // start, at a report of BPF): its own `comm`.
-            None if comm.is_empty() => Arc::from(
-                std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .map(|c| c.trim_end().to_owned())
-                    .unwrap_or_default(),
-            ),
-            None => Arc::from(comm),
-        };
-        ImageSnapshot {
-            info: ProcessInfo {
-                pid,
-                executable_name: name.clone(),
-                executable_path: Arc::from(path.as_deref().unwrap_or("")),
-                service_name: name,
-                container_id: Arc::from(cgroup.container_id.as_deref().unwrap_or("")),
-                k8s_pod_uid: Arc::from(cgroup.pod_uid.as_deref().unwrap_or("")),
-                parent_pid: stat.map_or(0, |(_, parent)| parent),
-                build_ids: if path.is_some() {
-                    crate::metadata::build_id::of_process(pid)
-                } else {
-                    ExecutableBuildIds::default()
-                },
-                ..ProcessInfo::default()
-            },
-            mappings,
-            start_time: stat.map(|(start, _)| start),
-            read_ktime,
-            facts,
-        }
-    }
-}
-
-impl TrackedProcess {
-    fn from_snapshot(snapshot: ImageSnapshot, image: u64, exec_ktime: u64) -> Self {
-        TrackedProcess {
-            info: snapshot.info,
-            mappings: snapshot.mappings,
-            image,
-            described: false,
-            excluded: false,
-            facts: snapshot.facts,
-            start_time: snapshot.start_time,
-            exec_ktime,
-            learned_ktime: snapshot.read_ktime,
-            last_refresh: None,
-        }
-    }
-
-    /// The mapping containing `address`, if known.
-    pub fn mapping(&self, address: u64) -> Option<&MappedFile> {
-        self.mappings.find(address)
-    }
-}
 
 /// Tracked processes, bounded in number (least recently sampled evicted).
 /// Images an `exec` replaced are kept aside until the batch holding their
@@ -552,79 +434,4 @@ impl ProcessTable {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn learns_this_process_and_sweeps_a_dead_one() {
-        let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
-        let me = std::process::id();
-        let (p, learned) = table.get_or_learn(me, "test");
-        assert!(learned);
-        assert_eq!(p.info.pid, me);
-        assert!(!p.mappings.is_empty());
-        let here = learns_this_process_and_sweeps_a_dead_one as *const () as u64;
-        assert!(p.mapping(here).is_some(), "own code is mapped");
-
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        table.get_or_learn(pid, "true");
-        child.wait().unwrap();
-        assert_eq!(table.len(), 2);
-        assert_eq!(table.sweep_exited(), vec![pid]);
-        assert!(table.get(pid).is_none());
-        assert!(table.get(me).is_some());
-    }
-
-    #[test]
-    fn samples_keep_the_image_they_were_taken_in_across_an_exec() {
-        let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
-        let me = std::process::id();
-        let first = table.get_or_learn(me, "test").0.image;
-        let t = crate::clock::MonotonicToUnix::monotonic_now();
-        assert_eq!(table.image_at(me, t), Some(first));
-        let snapshot = || ImageSnapshot::read(me, "test");
-        assert!(table.exec(me, t + 100, snapshot()));
-        let second = table.get(me).unwrap().image;
-        assert_ne!(first, second);
-        assert_eq!(table.image_at(me, t + 99), Some(first), "before the exec");
-        assert_eq!(table.image_at(me, t + 100), Some(second));
-        assert_eq!(table.image(me, first).unwrap().image, first);
-        assert!(table.known_before(me, t + 100));
-        assert!(
-            !table.known_before(me, t + 99),
-            "an exit before the exec was another image's"
-        );
-        assert!(table.exec(me, t + 200, snapshot()));
-        let third = table.get(me).unwrap().image;
-        assert_eq!(table.image_at(me, t + 150), Some(second));
-        table.end_batch();
-        assert!(
-            table.image(me, first).is_none(),
-            "replaced images go with the batch"
-        );
-        assert_eq!(table.image(me, third).unwrap().image, third);
-        assert_eq!(
-            table.image_at(me, t + 150),
-            None,
-            "an image no longer known"
-        );
-    }
-
-    #[test]
-    fn an_image_learned_after_its_exec_is_that_execs_image() {
-        let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
-        let me = std::process::id();
-        let exec_at = crate::clock::MonotonicToUnix::monotonic_now();
-        // A sample was read before the exec's event.
-        let learned = table.get_or_learn(me, "test").0.image;
-        assert!(!table.exec(me, exec_at, ImageSnapshot::read(me, "test")));
-        assert_eq!(table.get(me).unwrap().image, learned, "the same image");
-        assert_eq!(table.image_at(me, exec_at + 1), Some(learned));
-        assert_eq!(
-            table.image_at(me, exec_at - 1),
-            None,
-            "before the exec: unknown"
-        );
-    }
-}
+mod tests;

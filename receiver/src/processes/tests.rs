@@ -1,0 +1,74 @@
+use super::*;
+
+#[test]
+fn learns_this_process_and_sweeps_a_dead_one() {
+    let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
+    let me = std::process::id();
+    let (p, learned) = table.get_or_learn(me, "test");
+    assert!(learned);
+    assert_eq!(p.info.pid, me);
+    assert!(!p.mappings.is_empty());
+    let here = learns_this_process_and_sweeps_a_dead_one as *const () as u64;
+    assert!(p.mapping(here).is_some(), "own code is mapped");
+
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    table.get_or_learn(pid, "true");
+    child.wait().unwrap();
+    assert_eq!(table.len(), 2);
+    assert_eq!(table.sweep_exited(), vec![pid]);
+    assert!(table.get(pid).is_none());
+    assert!(table.get(me).is_some());
+}
+
+#[test]
+fn samples_keep_the_image_they_were_taken_in_across_an_exec() {
+    let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
+    let me = std::process::id();
+    let first = table.get_or_learn(me, "test").0.image;
+    let t = crate::clock::MonotonicToUnix::monotonic_now();
+    assert_eq!(table.image_at(me, t), Some(first));
+    let snapshot = || ImageSnapshot::read(me, "test");
+    assert!(table.exec(me, t + 100, snapshot()));
+    let second = table.get(me).unwrap().image;
+    assert_ne!(first, second);
+    assert_eq!(table.image_at(me, t + 99), Some(first), "before the exec");
+    assert_eq!(table.image_at(me, t + 100), Some(second));
+    assert_eq!(table.image(me, first).unwrap().image, first);
+    assert!(table.known_before(me, t + 100));
+    assert!(
+        !table.known_before(me, t + 99),
+        "an exit before the exec was another image's"
+    );
+    assert!(table.exec(me, t + 200, snapshot()));
+    let third = table.get(me).unwrap().image;
+    assert_eq!(table.image_at(me, t + 150), Some(second));
+    table.end_batch();
+    assert!(
+        table.image(me, first).is_none(),
+        "replaced images go with the batch"
+    );
+    assert_eq!(table.image(me, third).unwrap().image, third);
+    assert_eq!(
+        table.image_at(me, t + 150),
+        None,
+        "an image no longer known"
+    );
+}
+
+#[test]
+fn an_image_learned_after_its_exec_is_that_execs_image() {
+    let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
+    let me = std::process::id();
+    let exec_at = crate::clock::MonotonicToUnix::monotonic_now();
+    // A sample was read before the exec's event.
+    let learned = table.get_or_learn(me, "test").0.image;
+    assert!(!table.exec(me, exec_at, ImageSnapshot::read(me, "test")));
+    assert_eq!(table.get(me).unwrap().image, learned, "the same image");
+    assert_eq!(table.image_at(me, exec_at + 1), Some(learned));
+    assert_eq!(
+        table.image_at(me, exec_at - 1),
+        None,
+        "before the exec: unknown"
+    );
+}
