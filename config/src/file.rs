@@ -525,12 +525,17 @@ mod tests {
         );
         assert_eq!(runtimes("runtimes: []"), Some(vec![]));
         assert_eq!(runtimes("runtimes: none"), Some(vec![]));
-        assert_eq!(runtimes("runtimes: all").map(|r| r.len()), Some(2));
+        assert_eq!(
+            runtimes("runtimes: all").map(|r| r.len()),
+            Some(crate::RUNTIME_NAMES.len())
+        );
         assert_eq!(
             runtimes("runtimes: \"perf-map, cpython\""),
             Some(vec!["perf-map".to_owned(), "cpython".to_owned()])
         );
-        assert!(error("runtimes: [ruby]").contains("\"ruby\" is not a runtime icecore knows"));
+        assert!(
+            error("runtimes: [hotspot]").contains("\"hotspot\" is not a runtime icecore knows")
+        );
         assert!(error("runtimes: 5").contains("runtimes: expected `all`, `none`"));
     }
 

@@ -15,6 +15,7 @@ use icecore_unwinders::{
     },
     programs::PROGRAM_COUNT,
     python::{PYTHON_PROCESSES_MAX, PythonProcess},
+    ruby::{RUBY_PROCESSES_MAX, RubyProcess},
     sample::{EXCLUDED_PIDS_MAX, MAX_CPUS},
 };
 
@@ -55,6 +56,12 @@ pub static PROCESS_SLOTS: HashMap<u32, u32> =
 #[map]
 pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
     HashMap::with_max_entries(PYTHON_PROCESSES_MAX, 0);
+
+/// pid → what the CRuby unwinder needs of that process, written by the
+/// CRuby plugin for the processes it detected.
+#[map]
+pub static RUBY_PROCESSES: HashMap<u32, RubyProcess> =
+    HashMap::with_max_entries(RUBY_PROCESSES_MAX, 0);
 
 /// One `unknown_process` policy value, set by user space once it describes
 /// processes to BPF.

@@ -67,10 +67,22 @@ pub enum Counter {
     /// Samples dropped because user space rewrote the process's mapping
     /// table while BPF walked the stack with it.
     ProcessTableChanged = 24,
+    /// CRuby control frames walked.
+    RubyFrames = 25,
+    /// CRuby samples whose thread has no execution context (a thread that
+    /// never ran Ruby, or one not started yet).
+    RubyNoExecutionContext = 26,
+    /// Reading CRuby's memory failed mid-walk; the Ruby stack ends there.
+    RubyReadFailed = 27,
+    /// The Ruby stack hit the record or tail-call limit (or
+    /// [`crate::ruby::MAX_RUBY_FRAMES`]) and was cut.
+    RubyStackTruncated = 28,
+    /// The native unwinder ran the CRuby unwinder for a process that has no `RUBY_PROCESSES` entry.
+    RubyProcessMissing = 29,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 25;
+pub const COUNTER_COUNT: u32 = 30;
 
 impl Counter {
     /// Every counter, in index order.
@@ -100,6 +112,11 @@ impl Counter {
         Counter::RuntimeProgramMissing,
         Counter::UnwindTablePending,
         Counter::ProcessTableChanged,
+        Counter::RubyFrames,
+        Counter::RubyNoExecutionContext,
+        Counter::RubyReadFailed,
+        Counter::RubyStackTruncated,
+        Counter::RubyProcessMissing,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -130,6 +147,11 @@ impl Counter {
             Counter::RuntimeProgramMissing => "runtime_program_missing",
             Counter::UnwindTablePending => "unwind_table_pending",
             Counter::ProcessTableChanged => "process_table_changed",
+            Counter::RubyFrames => "ruby_frames",
+            Counter::RubyNoExecutionContext => "ruby_no_execution_context",
+            Counter::RubyReadFailed => "ruby_read_failed",
+            Counter::RubyStackTruncated => "ruby_stack_truncated",
+            Counter::RubyProcessMissing => "ruby_process_missing",
         }
     }
 }

@@ -22,6 +22,8 @@ pub enum ProgramIndex {
     /// resume logic, so that [`ProgramIndex::NativeUnwinder`]'s frames,
     /// almost all of them, carry none of it.
     NativeResumed = 3,
+    /// Walks CRuby control frames (see [`crate::ruby`]).
+    Ruby = 4,
 }
 
 impl ProgramIndex {
@@ -35,7 +37,7 @@ impl ProgramIndex {
 }
 
 /// Number of slots in the program array.
-pub const PROGRAM_COUNT: u32 = 4;
+pub const PROGRAM_COUNT: u32 = 5;
 
 /// Tail calls one sample may use. The kernel allows 33 per chain (32 before
 /// 5.17); keeping a margin leaves room for the final jump to `Emit`.

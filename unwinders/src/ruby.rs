@@ -12,10 +12,28 @@
 //! tables. Which fields sit where is per-version data user space fills in
 //! ([`RubyProcess`]), so this code has no version branches.
 
-use crate::{MemoryReader, runtime::TagRange};
+use crate::{
+    Counter, MemoryReader, ProgramIndex,
+    runtime::{BpfRuntime, TagRange},
+};
+
+/// CRuby's BPF half.
+pub const CRUBY: BpfRuntime = BpfRuntime {
+    name: "cruby",
+    program: ProgramIndex::Ruby,
+    program_name: "unwind_ruby",
+    tags: TagRange { first: 0x20 },
+    counters: &[
+        Counter::RubyFrames,
+        Counter::RubyNoExecutionContext,
+        Counter::RubyReadFailed,
+        Counter::RubyStackTruncated,
+        Counter::RubyProcessMissing,
+    ],
+};
 
 /// CRuby's word tags (16 values from `0x20`).
-pub const TAGS: TagRange = TagRange { first: 0x20 };
+pub const TAGS: TagRange = CRUBY.tags;
 
 /// CRuby's local word tags (see [`crate::runtime::TagRange`]).
 pub mod word {
@@ -27,8 +45,16 @@ pub mod word {
     pub const ENTRY_ISEQ: u8 = 1;
     /// The word after an iseq word: the frame's `pc` (the next instruction).
     pub const PC: u8 = 2;
-    /// A C-function frame: its callable method entry (0 when not found).
+    /// A C-function frame: its `ep[-2]`, the callable method entry (0 when
+    /// it is a special constant; user space checks that it is one).
     pub const CFUNC: u8 = 3;
+    /// The word after a method's (local) frame's [`PC`] word: its `ep[-2]`,
+    /// the method entry or, outside methods, a cref; user space tells them
+    /// apart and learns the method's class from it.
+    pub const METHOD: u8 = 4;
+    /// The process has no entry in BPF's map (user space could not describe
+    /// it yet): the only word of the run, so user space tries again.
+    pub const NOT_DESCRIBED: u8 = 5;
 }
 
 /// How BPF finds the sampled thread's execution context (values of
@@ -50,16 +76,37 @@ pub mod frame_flags {
     pub const FINISH: u64 = 0x20;
     /// A frame that is not a Ruby (iseq) frame.
     pub const CFRAME: u64 = 0x80;
+    /// The frame's environment is its method's own (not a block's).
+    pub const LOCAL: u64 = 0x2;
 }
 
-/// `RBasic.flags` of an imemo: type bits and the imemo kind.
-mod imemo {
-    pub const TYPE_MASK: u64 = 0x1f;
-    pub const T_IMEMO: u64 = 0x1a;
-    pub const KIND_SHIFT: u32 = 12;
-    pub const KIND_MASK: u64 = 0xf;
-    /// `imemo_ment`: a method entry.
-    pub const METHOD_ENTRY: u64 = 6;
+/// CRuby's state area between tail calls.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RubyWalkState {
+    /// The next control frame to walk; 0 when the walk is over.
+    pub next: u64,
+    /// The oldest control frame to walk (inclusive).
+    pub last: u64,
+    /// Frames walked (counted once, when the walk ends).
+    pub frames: u16,
+    /// 1 once the sampled thread's execution context was looked up.
+    pub started: u8,
+    /// Zero.
+    pub reserved: [u8; 5],
+}
+
+const _: () = assert!(core::mem::size_of::<RubyWalkState>() == 24);
+
+impl RubyWalkState {
+    /// The state before a sample's walk.
+    #[inline(always)]
+    pub fn reset(&mut self) {
+        self.next = 0;
+        self.last = 0;
+        self.frames = 0;
+        self.started = 0;
+    }
 }
 
 /// Control frames walked per sample at most.
@@ -128,13 +175,15 @@ pub struct ControlFrames {
 /// What one walk step produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RubyStep {
-    /// A Ruby frame: an [`word::ISEQ`] or [`word::ENTRY_ISEQ`] word and a
-    /// [`word::PC`] word.
+    /// A Ruby frame: an [`word::ISEQ`] or [`word::ENTRY_ISEQ`] word, a
+    /// [`word::PC`] word and, for a method's own frame, a [`word::METHOD`] word.
     Iseq {
         /// The tagged iseq address.
         iseq_word: u64,
         /// The tagged `pc`.
         pc_word: u64,
+        /// The tagged `ep[-2]` of a method's own frame; 0 for a block's.
+        method_word: u64,
     },
     /// A C function's frame: a [`word::CFUNC`] word.
     Cfunc(u64),
@@ -212,12 +261,22 @@ impl RubyProcess {
         let Some(ep) = memory.read_u64(cfp.wrapping_add(fixed::CFP_EP)) else {
             return RubyStep::ReadFailed;
         };
+        // `ep[-2]` before `ep[0]`, for the same reason.
+        let Some(me_cref) = memory.read_u64(ep.wrapping_sub(fixed::EP_ME_CREF)) else {
+            return RubyStep::ReadFailed;
+        };
         let Some(flags) = memory.read_u64(ep) else {
             return RubyStep::ReadFailed;
         };
+        // Special constants (nil is 8, small integers are odd) are no
+        // objects; user space checks the rest (it reads the entry anyway).
+        let me_cref = if me_cref & 7 != 0 || me_cref < 0x1000 {
+            0
+        } else {
+            me_cref
+        };
         if flags & frame_flags::MAGIC_MASK == frame_flags::MAGIC_CFUNC {
-            let entry = self.method_entry(ep, memory);
-            return RubyStep::Cfunc(TAGS.word(word::CFUNC, entry));
+            return RubyStep::Cfunc(TAGS.word(word::CFUNC, me_cref));
         }
         // Internal frames (IFUNC, DUMMY), and iseq frames that have not
         // started (Ruby's own backtraces skip `pc == 0` too).
@@ -229,29 +288,16 @@ impl RubyProcess {
         } else {
             word::ISEQ
         };
+        let method_word = if flags & frame_flags::LOCAL != 0 && me_cref != 0 {
+            TAGS.word(word::METHOD, me_cref)
+        } else {
+            0
+        };
         RubyStep::Iseq {
             iseq_word: TAGS.word(tag, iseq),
             pc_word: TAGS.word(word::PC, pc),
+            method_word,
         }
-    }
-
-    /// The method entry of a C function's frame (`ep[-2]` when it is an
-    /// `imemo_ment`), or 0.
-    #[inline(always)]
-    fn method_entry<M: MemoryReader>(&self, ep: u64, memory: &mut M) -> u64 {
-        let Some(entry) = memory.read_u64(ep.wrapping_sub(fixed::EP_ME_CREF)) else {
-            return 0;
-        };
-        // Special constants (nil, small integers) are not objects.
-        if entry & 7 != 0 || entry == 0 {
-            return 0;
-        }
-        let Some(basic) = memory.read_u64(entry) else {
-            return 0;
-        };
-        let is_method_entry = basic & imemo::TYPE_MASK == imemo::T_IMEMO
-            && (basic >> imemo::KIND_SHIFT) & imemo::KIND_MASK == imemo::METHOD_ENTRY;
-        if is_method_entry { entry } else { 0 }
     }
 }
 

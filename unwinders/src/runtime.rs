@@ -1,5 +1,5 @@
-//! How runtime unwinders (CPython now; Ruby, PHP, Perl, JVM, V8 and .NET
-//! next) plug into the native unwinder, on the BPF side.
+//! How runtime unwinders (CPython and CRuby now; PHP, Perl, JVM, V8 and
+//! .NET next) plug into the native unwinder, on the BPF side.
 //!
 //! # Dispatch by program counter
 //!
@@ -146,7 +146,7 @@ pub struct BpfRuntime {
 }
 
 /// Every runtime with a BPF program, in program-slot order.
-pub const BPF_RUNTIMES: [BpfRuntime; 1] = [crate::python::CPYTHON];
+pub const BPF_RUNTIMES: [BpfRuntime; 2] = [crate::python::CPYTHON, crate::ruby::CRUBY];
 
 /// Per-runtime state areas in the unwind state, kept between the tail calls
 /// of one sample and reset when a sample starts. One field per runtime.
@@ -155,9 +155,11 @@ pub const BPF_RUNTIMES: [BpfRuntime; 1] = [crate::python::CPYTHON];
 pub struct RuntimeStates {
     /// CPython's walk.
     pub python: crate::python::PythonWalkState,
+    /// CRuby's walk.
+    pub ruby: crate::ruby::RubyWalkState,
 }
 
-const _: () = assert!(core::mem::size_of::<RuntimeStates>() == 16);
+const _: () = assert!(core::mem::size_of::<RuntimeStates>() == 40);
 
 impl RuntimeStates {
     /// Readies every runtime's state for a new sample. Field by field: a
@@ -166,6 +168,7 @@ impl RuntimeStates {
     #[inline(always)]
     pub fn reset(&mut self) {
         self.python.reset();
+        self.ruby.reset();
     }
 }
 

@@ -142,11 +142,11 @@ pub struct UnwindScratch {
 
 const _: () = assert!(core::mem::size_of::<SampleHeader>() == 56);
 const _: () = assert!(core::mem::size_of::<SampleRecord>() == 56 + MAX_FRAMES * 8);
-const _: () = assert!(core::mem::size_of::<UnwindState>() == 56);
+const _: () = assert!(core::mem::size_of::<UnwindState>() == 80);
 const _: () = assert!(
     core::mem::size_of::<UnwindScratch>()
         == core::mem::size_of::<SampleRecord>()
-            + 56
+            + core::mem::size_of::<UnwindState>()
             + core::mem::size_of::<StackWindow>()
             + core::mem::size_of::<RowCache>()
             + core::mem::size_of::<ProcessSlotCache>()

@@ -15,3 +15,4 @@ unsafe impl aya::Pod for MappingEntry {}
 unsafe impl aya::Pod for ProcessMappingTable {}
 unsafe impl aya::Pod for crate::events::ProcessEvent {}
 unsafe impl aya::Pod for crate::python::PythonProcess {}
+unsafe impl aya::Pod for crate::ruby::RubyProcess {}

@@ -4,6 +4,7 @@
 //! `main.rs` with one `#[perf_event]` function.
 
 pub mod python;
+pub mod ruby;
 
 use aya_ebpf::programs::PerfEventContext;
 use icecore_unwinders::{
@@ -39,18 +40,50 @@ pub fn scratch(program: ProgramIndex) -> Option<&'static mut UnwindScratch> {
     Some(unsafe { &mut *scratch })
 }
 
+/// A deferred runtime's second step: handed a frame during the native walk
+/// (a frame of its loop the walk reached by a handover entry), it declines
+/// the frame (native code), notes itself to run when the walk ends, and
+/// returns true once the native unwinder runs on; false when the native walk
+/// is over (also when it had to be cut here) and the program walks its stack.
+/// One walk of the whole interpreter stack keeps the per-frame loop minimal.
+#[inline(always)]
+pub fn run_after_native_walk(
+    ctx: &PerfEventContext,
+    scratch: &mut UnwindScratch,
+    program: ProgramIndex,
+) -> bool {
+    if scratch.state.native_done != 0 {
+        return false;
+    }
+    scratch.state.deferred_program = program as u8;
+    scratch.state.resume = resume::NATIVE;
+    if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeResumed) {
+        return true;
+    }
+    count(Counter::UserStackTruncated);
+    scratch.record.header.flags |= flags::USER_TRUNCATED;
+    scratch.state.native_done = 1;
+    false
+}
+
+/// Where the record's next word goes. Summed as 64-bit values: a 32-bit sum
+/// is zero-extended once per use, and the verifier cannot tell that the
+/// copy a bounds check tested is the one an access then uses.
+#[inline(always)]
+fn word_index(record: &SampleRecord) -> usize {
+    record.header.kernel_frames as usize + record.header.user_words as usize
+}
+
 /// Room for `n` more words in the record.
 #[inline(always)]
 pub fn has_room(record: &SampleRecord, n: usize) -> bool {
-    let header = &record.header;
-    (header.kernel_frames + header.user_words) as usize + n <= MAX_FRAMES
+    word_index(record) + n <= MAX_FRAMES
 }
 
 /// Appends a tagged word to the user words; false when the record is full.
 #[inline(always)]
 pub fn append_word(record: &mut SampleRecord, word: u64) -> bool {
-    let header = &record.header;
-    let index = (header.kernel_frames + header.user_words) as usize;
+    let index = word_index(record);
     let Some(slot) = record.frames.get_mut(index) else {
         return false;
     };
@@ -63,7 +96,7 @@ pub fn append_word(record: &mut SampleRecord, word: u64) -> bool {
 /// caller checked [`has_room`] for both.
 #[inline(always)]
 pub fn append_words(record: &mut SampleRecord, first: u64, second: u64) {
-    let index = (record.header.kernel_frames + record.header.user_words) as usize;
+    let index = word_index(record);
     if let Some(slot) = record.frames.get_mut(index) {
         *slot = first;
     }

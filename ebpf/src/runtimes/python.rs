@@ -2,16 +2,12 @@
 //! `icecore_unwinders::runtime`): the native walk records each
 //! `_PyEval_EvalFrameDefault` frame and, when it ends, runs this program,
 //! which appends the sampled thread's Python frames (walk in
-//! `icecore_unwinders::python`). Handed a frame during the native walk
-//! instead, it declines it (native code) and defers itself to the walk's end:
-//! one walk of the whole Python stack keeps the per-frame loop minimal.
+//! `icecore_unwinders::python`).
 
 use aya_ebpf::programs::PerfEventContext;
-use icecore_unwinders::{
-    Counter, ProgramIndex, WindowedReader, python::PythonStep, runtime::resume, sample::flags,
-};
+use icecore_unwinders::{Counter, ProgramIndex, WindowedReader, python::PythonStep, sample::flags};
 
-use super::{append_word, append_words, finish, has_room, scratch};
+use super::{append_word, append_words, finish, has_room, run_after_native_walk, scratch};
 use crate::{
     maps::{PYTHON_PROCESSES, continue_in, count, count_n},
     native::UserMemory,
@@ -29,15 +25,8 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
     let Some(scratch) = scratch(ProgramIndex::Python) else {
         return 0;
     };
-    if scratch.state.native_done == 0 {
-        scratch.state.deferred_program = ProgramIndex::Python as u8;
-        scratch.state.resume = resume::NATIVE;
-        if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeResumed) {
-            return 0;
-        }
-        count(Counter::UserStackTruncated);
-        scratch.record.header.flags |= flags::USER_TRUNCATED;
-        scratch.state.native_done = 1;
+    if run_after_native_walk(ctx, scratch, ProgramIndex::Python) {
+        return 0;
     }
     let pid = scratch.record.header.pid;
     // SAFETY: only read; user space replaces entries whole.

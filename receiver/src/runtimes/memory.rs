@@ -29,6 +29,31 @@ pub enum MemoryError {
     TooLarge(u64),
 }
 
+/// A process's memory, opened at its first use: most processes a plugin
+/// attaches to are never read.
+#[derive(Debug)]
+pub struct LazyMemory {
+    pid: u32,
+    memory: Option<ProcessMemory>,
+}
+
+impl LazyMemory {
+    /// The memory of `pid`, not opened yet.
+    pub fn new(pid: u32) -> Self {
+        LazyMemory { pid, memory: None }
+    }
+
+    /// The memory, opened now if it was not (`None` when it cannot be).
+    pub fn get(&mut self) -> Option<&ProcessMemory> {
+        if self.memory.is_none() {
+            self.memory = ProcessMemory::open(self.pid)
+                .map_err(|e| tracing::debug!(pid = self.pid, "{e}"))
+                .ok();
+        }
+        self.memory.as_ref()
+    }
+}
+
 /// Reads of one process's memory through `/proc/PID/mem`.
 #[derive(Debug)]
 pub struct ProcessMemory {

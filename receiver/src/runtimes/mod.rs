@@ -4,11 +4,13 @@
 //! - [`registry`]: one [`RuntimeDescriptor`] per runtime (name, config
 //!   switch, frame type, BPF half) and the plugin each one builds.
 //! - [`services`]: opening mapped files, per-file probe caches, per-process
-//!   BPF maps.
+//!   BPF maps; [`object_cache`]: runtime objects read from processes;
+//!   [`memory`]: reading them.
 //! - [`stack`]: one sample's user words (native addresses and runtimes'
 //!   tagged words) turned into frames.
-//! - [`python`]: CPython 3.8–3.15; [`perf_map`]: JIT code named from perf
-//!   maps and jitdump files (Node.js, .NET, Erlang, Julia, …).
+//! - [`python`]: CPython 3.8–3.15; [`ruby`]: CRuby 3.1–3.4; [`perf_map`]:
+//!   JIT code named from perf maps and jitdump files (Node.js, .NET,
+//!   Erlang, Julia, …).
 //!
 //! Per-version struct layouts are data (see `python/layouts.rs`), and every
 //! failure is counted in [`RuntimeStats`] rather than logged per sample.
@@ -18,6 +20,7 @@ pub(crate) mod dwarf_layout;
 #[cfg(test)]
 pub(crate) mod host_walk;
 pub mod memory;
+pub mod object_cache;
 pub mod perf_map;
 pub mod python;
 pub mod registry;

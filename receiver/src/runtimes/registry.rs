@@ -3,9 +3,9 @@
 //! OTel frame type of its frames, its BPF half and how its plugin is built.
 
 use icecore_otlp::model::FrameKind;
-use icecore_unwinders::{BpfRuntime, python::CPYTHON};
+use icecore_unwinders::{BpfRuntime, python::CPYTHON, ruby::CRUBY};
 
-use super::{RuntimePlugin, perf_map::PerfMapPlugin, python::PythonPlugin};
+use super::{RuntimePlugin, perf_map::PerfMapPlugin, python::PythonPlugin, ruby::RubyPlugin};
 use crate::sampler::{CpuSampler, SamplerError};
 
 /// One runtime icecore can unwind or symbolize.
@@ -43,6 +43,18 @@ pub static CPYTHON_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     },
 };
 
+/// CRuby 3.1–3.4.
+pub static CRUBY_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
+    name: CRUBY.name,
+    summary: "CRuby 3.1-3.4: Ruby methods with their classes, files and lines, C functions named",
+    frame_kind: FrameKind::Ruby,
+    bpf: Some(&CRUBY),
+    build: |sampler| {
+        let map = sampler.runtime_process_map(&CRUBY, "RUBY_PROCESSES")?;
+        Ok(Box::new(RubyPlugin::new(Box::new(map))))
+    },
+};
+
 /// JIT code named from `/tmp/perf-PID.map` and `jit-PID.dump`.
 pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     name: "perf-map",
@@ -54,7 +66,8 @@ pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
 };
 
 /// Every runtime, in the order plugins are offered a process.
-pub static RUNTIMES: [&RuntimeDescriptor; 2] = [&CPYTHON_RUNTIME, &PERF_MAP_RUNTIME];
+pub static RUNTIMES: [&RuntimeDescriptor; 3] =
+    [&CPYTHON_RUNTIME, &CRUBY_RUNTIME, &PERF_MAP_RUNTIME];
 
 /// The descriptor named `name`.
 pub fn by_name(name: &str) -> Option<&'static RuntimeDescriptor> {

@@ -11,6 +11,38 @@ use tracing::debug;
 
 use crate::{native_unwind::FileKey, process_maps::MappedFile};
 
+/// The functions a file's `.eh_frame` describes (one address range per
+/// FDE), in the section's order; empty when it has none or it is malformed
+/// before the first FDE. Stripped files keep their unwind information, so
+/// this finds functions that no symbol names.
+pub fn eh_frame_functions<'data, R: object::ReadRef<'data>>(
+    elf: &object::File<'data, R>,
+) -> Vec<std::ops::Range<u64>> {
+    use gimli::UnwindSection;
+    use object::{Object, ObjectSection};
+    let Some(section) = elf.section_by_name(".eh_frame") else {
+        return Vec::new();
+    };
+    let Ok(data) = section.data() else {
+        return Vec::new();
+    };
+    let eh_frame = gimli::EhFrame::new(data, gimli::LittleEndian);
+    let bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+    let mut entries = eh_frame.entries(&bases);
+    let mut functions = Vec::new();
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(|_, bases, offset| eh_frame.cie_from_offset(bases, offset))
+        else {
+            break;
+        };
+        functions.push(fde.initial_address()..fde.end_address());
+    }
+    functions
+}
+
 /// Where a process's mapped file can be opened, best first: the exact file
 /// mapped (`map_files`, which works for deleted and replaced files), the
 /// path in the process's mount namespace (`/proc/PID/root`, for
@@ -194,28 +226,46 @@ impl<V: aya::Pod + Send> ProcessMap<V> for aya::maps::HashMap<aya::maps::MapData
 }
 
 /// A [`ProcessMap`] that keeps entries in memory: for tests and host walks.
+/// Clones share the entries, so a test can read what a plugin wrote.
 #[derive(Debug)]
 pub struct MemoryProcessMap<V> {
-    /// The entries written.
-    pub entries: std::collections::HashMap<u32, V>,
+    entries: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u32, V>>>,
+}
+
+impl<V> Clone for MemoryProcessMap<V> {
+    fn clone(&self) -> Self {
+        MemoryProcessMap {
+            entries: self.entries.clone(),
+        }
+    }
 }
 
 impl<V> Default for MemoryProcessMap<V> {
     fn default() -> Self {
         MemoryProcessMap {
-            entries: std::collections::HashMap::new(),
+            entries: Default::default(),
         }
+    }
+}
+
+impl<V: Clone> MemoryProcessMap<V> {
+    /// The entry of `pid`.
+    pub fn get(&self, pid: u32) -> Option<V> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.get(&pid).cloned()
     }
 }
 
 impl<V: Clone + Send> ProcessMap<V> for MemoryProcessMap<V> {
     fn insert(&mut self, pid: u32, value: &V) -> Result<(), String> {
-        self.entries.insert(pid, value.clone());
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.insert(pid, value.clone());
         Ok(())
     }
 
     fn remove(&mut self, pid: u32) {
-        self.entries.remove(&pid);
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.remove(&pid);
     }
 }
 

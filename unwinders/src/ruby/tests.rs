@@ -31,6 +31,7 @@ fn frame(m: &mut Image, cfp: u64, pc: u64, iseq: u64, ep: u64, flags: u64) {
     m.put(cfp, pc);
     m.put(cfp + 16, iseq);
     m.put(cfp + 32, ep);
+    m.put(ep - 16, 0);
     m.put(ep, flags);
 }
 
@@ -78,7 +79,6 @@ fn walks_ruby_and_c_frames_to_the_oldest_and_skips_internal_ones() {
     // Ruby frame `rb_vm_exec` started at.
     frame(&mut m, top, 0, 0, 0x8_0000, 0x5555_0083);
     m.put(0x8_0000 - 16, entry);
-    m.put(entry, (imemo::METHOD_ENTRY << 12) | imemo::T_IMEMO);
     frame(&mut m, top + CFP, 0, 0, 0x8_0100, 0x7999_0081);
     frame(
         &mut m,
@@ -88,13 +88,14 @@ fn walks_ruby_and_c_frames_to_the_oldest_and_skips_internal_ones() {
         0x8_0200,
         0x1111_0003,
     );
+    m.put(0x8_0200 - 16, 0x2_1000);
     frame(
         &mut m,
         top + 3 * CFP,
         0xc0df,
         0x3_1000,
         0x8_0300,
-        0x4444_0023,
+        0x4444_0021,
     );
 
     let ec = p.execution_context(FS_BASE, &mut m).unwrap();
@@ -117,29 +118,25 @@ fn walks_ruby_and_c_frames_to_the_oldest_and_skips_internal_ones() {
             RubyStep::Skipped,
             RubyStep::Iseq {
                 iseq_word: TAGS.word(word::ISEQ, 0x3_0000),
-                pc_word: TAGS.word(word::PC, 0xc0de)
+                pc_word: TAGS.word(word::PC, 0xc0de),
+                method_word: TAGS.word(word::METHOD, 0x2_1000),
             },
+            // A block's frame (not local): no method word.
             RubyStep::Iseq {
                 iseq_word: TAGS.word(word::ENTRY_ISEQ, 0x3_1000),
-                pc_word: TAGS.word(word::PC, 0xc0df)
+                pc_word: TAGS.word(word::PC, 0xc0df),
+                method_word: 0,
             },
         ]
     );
 }
 
 #[test]
-fn a_c_frame_without_a_method_entry_and_unreadable_frames() {
+fn special_constants_are_no_method_entries_and_unreadable_frames_fail() {
     let (mut m, top) = image(2);
     let p = tls_process();
-    // ep[-2] is a cref (imemo kind 1), then a special constant.
+    // ep[-2] is nil (a special constant): no method entry.
     frame(&mut m, top, 0, 0, 0x8_0000, 0x5555_0083);
-    m.put(0x8_0000 - 16, 0x2_0000);
-    m.put(0x2_0000, (1 << 12) | imemo::T_IMEMO);
-    let mut frames = p.control_frames(EC, &mut m).unwrap();
-    assert_eq!(
-        p.step(&mut frames, &mut m),
-        RubyStep::Cfunc(TAGS.word(word::CFUNC, 0))
-    );
     m.put(0x8_0000 - 16, 0x8);
     let mut frames = p.control_frames(EC, &mut m).unwrap();
     assert_eq!(
@@ -148,6 +145,13 @@ fn a_c_frame_without_a_method_entry_and_unreadable_frames() {
     );
     // The next frame was never written.
     assert_eq!(p.step(&mut frames, &mut m), RubyStep::ReadFailed);
+    // A method frame whose ep[-2] is a special constant has no method word.
+    frame(&mut m, top, 0xc0de, 0x3_0000, 0x8_0000, 0x1111_0003);
+    let mut frames = p.control_frames(EC, &mut m).unwrap();
+    assert!(matches!(
+        p.step(&mut frames, &mut m),
+        RubyStep::Iseq { method_word: 0, .. }
+    ));
 }
 
 #[test]

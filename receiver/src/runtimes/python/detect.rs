@@ -16,7 +16,7 @@ use super::{
     layouts::{PythonLayout, layout},
 };
 use crate::{
-    runtimes::services::{ElfFileError, LoadSegments, open_elf, parse_elf},
+    runtimes::services::{ElfFileError, LoadSegments, eh_frame_functions, open_elf, parse_elf},
     symbolize::debug_file,
 };
 
@@ -286,28 +286,12 @@ fn cold_part_from_eh_frame<'data, R: object::ReadRef<'data>>(
     elf: &object::File<'data, R>,
     hot: &Range<u64>,
 ) -> Option<Range<u64>> {
-    use gimli::UnwindSection;
-    let section = elf.section_by_name(".eh_frame")?;
-    let data = section.data().ok()?;
-    let eh_frame = gimli::EhFrame::new(data, gimli::LittleEndian);
-    let bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
-    let mut entries = eh_frame.entries(&bases);
-    let mut after_hot = false;
-    let mut cold = None;
-    while let Ok(Some(entry)) = entries.next() {
-        let gimli::CieOrFde::Fde(partial) = entry else {
-            continue;
-        };
-        let Ok(fde) = partial.parse(|_, bases, offset| eh_frame.cie_from_offset(bases, offset))
-        else {
-            return None;
-        };
-        if after_hot {
-            cold = Some(fde.initial_address()..fde.end_address());
-            break;
-        }
-        after_hot = fde.initial_address() == hot.start;
-    }
+    let functions = eh_frame_functions(elf);
+    let cold = functions
+        .iter()
+        .position(|f| f.start == hot.start)
+        .and_then(|hot_at| functions.get(hot_at + 1))
+        .cloned();
     let cold = cold?;
     let overlaps_hot = cold.start < hot.end && hot.start < cold.end;
     if overlaps_hot || cold.end - cold.start < SPLIT_EVAL_LOOP {

@@ -19,12 +19,7 @@ pub mod line_table;
 #[cfg(test)]
 mod walk_tests;
 
-use std::{
-    collections::HashMap,
-    num::NonZeroUsize,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use icecore_otlp::model::{Frame, FrameKind, Line};
 use icecore_unwinders::{
@@ -42,7 +37,8 @@ use self::{
 };
 use super::{
     Attachment, RuntimeCode, RuntimeDescriptor, RuntimePlugin, RuntimeStats,
-    memory::ProcessMemory,
+    memory::LazyMemory,
+    object_cache::{ObjectCache, lru},
     registry::CPYTHON_RUNTIME,
     services::{FileProbes, ProcessMap, remove_where},
 };
@@ -61,19 +57,11 @@ const FRAME_CACHE: usize = 32_768;
 /// `exec`, for example), and the cache is keyed by address.
 const REREAD_AFTER: Duration = Duration::from_secs(60);
 
-/// A cached read of a code object.
-#[derive(Clone)]
-struct CodeEntry {
-    read_at: Instant,
-    /// None when the read failed (not a code object, or unreadable).
-    info: Option<Arc<CodeInfo>>,
-}
-
 /// One CPython process.
 struct PythonInstance {
     binary: Arc<PythonBinary>,
     bias: u64,
-    memory: Option<ProcessMemory>,
+    memory: LazyMemory,
 }
 
 /// The CPython plugin.
@@ -81,7 +69,7 @@ pub struct PythonPlugin {
     map: Box<dyn ProcessMap<PythonProcess>>,
     binaries: FileProbes<PythonBinary>,
     processes: HashMap<u32, PythonInstance>,
-    codes: LruCache<(u32, u64), CodeEntry>,
+    codes: ObjectCache<CodeInfo>,
     frames: LruCache<(u32, u64, u32), Arc<Frame>>,
     stats: RuntimeStats,
 }
@@ -89,13 +77,12 @@ pub struct PythonPlugin {
 impl PythonPlugin {
     /// A plugin writing its per-process data to `map`.
     pub fn new(map: Box<dyn ProcessMap<PythonProcess>>) -> Self {
-        let size = |n: usize| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
         PythonPlugin {
             map,
             binaries: FileProbes::new(BINARY_CACHE),
             processes: HashMap::new(),
-            codes: LruCache::new(size(CODE_CACHE)),
-            frames: LruCache::new(size(FRAME_CACHE)),
+            codes: ObjectCache::new(CODE_CACHE, REREAD_AFTER),
+            frames: lru(FRAME_CACHE),
             stats: RuntimeStats::default(),
         }
     }
@@ -140,36 +127,19 @@ impl PythonPlugin {
     /// time, while the process runs) re-reads an entry older than
     /// [`REREAD_AFTER`], and drops the frames made from it if it changed.
     fn code_info(&mut self, pid: u32, code: u64, fresh: bool) -> Option<Arc<CodeInfo>> {
-        let cached = self.codes.get(&(pid, code)).cloned();
-        if let Some(entry) = &cached
-            && !(fresh && entry.read_at.elapsed() >= REREAD_AFTER)
-        {
-            return entry.info.clone();
+        if let Some(known) = self.codes.cached(pid, code, fresh) {
+            return known;
         }
         let info = self.read_code_object(pid, code);
-        if let Some(entry) = cached
-            && entry.info != info
-        {
+        if self.codes.store(pid, code, info.clone()) {
             remove_where(&mut self.frames, |k| k.0 == pid && k.1 == code);
         }
-        self.codes.put(
-            (pid, code),
-            CodeEntry {
-                read_at: Instant::now(),
-                info: info.clone(),
-            },
-        );
         info
     }
 
     fn read_code_object(&mut self, pid: u32, code: u64) -> Option<Arc<CodeInfo>> {
         let instance = self.processes.get_mut(&pid)?;
-        if instance.memory.is_none() {
-            instance.memory = ProcessMemory::open(pid)
-                .map_err(|e| debug!(pid, "{e}"))
-                .ok();
-        }
-        let memory = instance.memory.as_ref()?;
+        let memory = instance.memory.get()?;
         let code_type = instance
             .binary
             .code_type
@@ -348,7 +318,7 @@ impl RuntimePlugin for PythonPlugin {
         let instance = PythonInstance {
             binary,
             bias,
-            memory: None,
+            memory: LazyMemory::new(pid),
         };
         let claimed = attachment(&instance);
         self.processes.insert(pid, instance);
@@ -360,7 +330,7 @@ impl RuntimePlugin for PythonPlugin {
             return;
         }
         self.map.remove(pid);
-        remove_where(&mut self.codes, |k| k.0 == pid);
+        self.codes.forget_process(pid);
         remove_where(&mut self.frames, |k| k.0 == pid);
     }
 

@@ -154,7 +154,7 @@ fn walk(python: &Python) -> Walked {
 fn an_old_code_entry_is_read_again_when_sampled_and_its_frames_renamed() {
     use std::time::{Duration, Instant};
 
-    use super::{CodeEntry, PythonPlugin};
+    use super::PythonPlugin;
     use crate::runtimes::RuntimePlugin;
 
     let python = interpreters().pop().expect("a CPython on this machine");
@@ -167,12 +167,11 @@ fn an_old_code_entry_is_read_again_when_sampled_and_its_frames_renamed() {
     // As if `leaf`'s address had held another code object a minute ago.
     let mut stale = (*plugin.code_info(pid, leaf, false).unwrap()).clone();
     stale.name = "replaced".into();
-    plugin.codes.put(
-        (pid, leaf),
-        CodeEntry {
-            read_at: Instant::now().checked_sub(Duration::from_secs(61)).unwrap(),
-            info: Some(std::sync::Arc::new(stale)),
-        },
+    plugin.codes.store_read_at(
+        pid,
+        leaf,
+        Some(std::sync::Arc::new(stale)),
+        Instant::now().checked_sub(Duration::from_secs(61)).unwrap(),
     );
     let name = |plugin: &mut PythonPlugin| {
         let frames = plugin.frames(pid, &walked.words);

@@ -10,12 +10,17 @@
 //! values are read from the process (the dynamic loader writes the module
 //! ID), and BPF follows the thread's DTV with them.
 
-use std::path::Path;
+use std::{ops::Range, path::Path};
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
-use super::layouts::{RubyLayout, SUPPORTED, layout};
-use crate::runtimes::services::{ElfFileError, LoadSegments, open_elf, parse_elf};
+use super::{
+    code_facts::{Functions, callers_of, global_symbols, instruction_loop},
+    layouts::{RubyLayout, SUPPORTED, layout},
+};
+use crate::runtimes::services::{
+    ElfFileError, LoadSegments, eh_frame_functions, open_elf, parse_elf,
+};
 use icecore_unwinders::ruby::{RubyProcess, ec_kind};
 
 /// `data16 lea disp32(%rip), %rdi`: the first instruction of a
@@ -56,6 +61,10 @@ pub enum DetectError {
     /// be found.
     #[error("{0}: neither ruby_current_ec's TLS slot nor ruby_single_main_ractor found")]
     NoExecutionContext(String),
+    /// The VM's instruction loop, or the function each VM invocation runs
+    /// it under, could not be found from the file's code and unwind data.
+    #[error("{0}: vm_exec not found (no instruction table, or nothing calls its loop)")]
+    NoVmExec(String),
 }
 
 /// What one CRuby file offers, in ELF virtual addresses (add the load bias).
@@ -69,6 +78,11 @@ pub struct RubyBinary {
     pub tls_got_pair: Option<u64>,
     /// `ruby_single_main_ractor`, where exported.
     pub main_ractor_pointer: Option<u64>,
+    /// `vm_exec` (its parts): one frame per VM invocation, where that
+    /// invocation's Ruby frames go among the native ones.
+    pub vm_exec: Vec<Range<u64>>,
+    /// `ruby_global_symbols` (names of IDs), where found.
+    pub global_symbols: Option<u64>,
     /// Where the file's segments load.
     segments: LoadSegments,
 }
@@ -130,12 +144,22 @@ pub fn inspect(path: &Path) -> Result<RubyBinary, DetectError> {
     if tls_got_pair.is_none() && main_ractor_pointer.is_none() {
         return Err(DetectError::NoExecutionContext(shown()));
     }
+    let functions = Functions::new(eh_frame_functions(&elf));
+    let vm_exec = instruction_loop(&elf, &functions)
+        .map(|core| callers_of(&elf, &functions, core.start))
+        .unwrap_or_default();
+    if vm_exec.is_empty() {
+        return Err(DetectError::NoVmExec(shown()));
+    }
+    let global_symbols = global_symbols(&elf, &functions);
     let segments = LoadSegments::of(&elf);
     Ok(RubyBinary {
         layout,
         version: text,
         tls_got_pair,
         main_ractor_pointer,
+        vm_exec,
+        global_symbols,
         segments,
     })
 }

@@ -37,6 +37,39 @@ pub struct RubyLayout {
     /// Whether an embedded String's length is in its flags (3.1) rather
     /// than in the word at +16.
     pub string_embedded_len_in_flags: bool,
+    /// `rb_iseq_constant_body.local_iseq`: a block's method.
+    pub body_local_iseq: u64,
+    /// `tLAST_OP_ID`: IDs up to it are operators, numbered by themselves;
+    /// above it an ID's serial is the ID shifted right by 4.
+    pub last_op_id: u64,
+    /// `FL_SINGLETON`.
+    pub singleton_flag: u64,
+    /// Where a class keeps its name and a singleton class its object.
+    pub class_names: ClassNames,
+}
+
+/// Where a class keeps its name (`Foo::Bar`) and a singleton class the
+/// object it is the singleton of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClassNames {
+    /// 3.1: the `__classpath__` and `__attached__` instance variables, in
+    /// the `st_table` at `RClass.ptr->iv_tbl`.
+    IvarTable {
+        /// `RClass.ptr`.
+        ext: u64,
+        /// `rb_classext_t.iv_tbl`.
+        iv_tbl: u64,
+    },
+    /// 3.3+: fields of the class's embedded `rb_classext_t`.
+    Fields {
+        /// `classpath`, from the class.
+        classpath: u64,
+        /// `as.singleton_class.attached_object`, from the class.
+        attached_object: u64,
+    },
+    /// 3.2 keeps them in a shape-indexed ivar array icecore does not read:
+    /// methods go without their class.
+    Unknown,
 }
 
 /// The layout of CRuby `major.minor`, if icecore knows it.
@@ -63,6 +96,10 @@ const V3_1: RubyLayout = RubyLayout {
     body_succ_index_table: 144,
     string_embedded_bytes: 16,
     string_embedded_len_in_flags: true,
+    body_local_iseq: 176,
+    last_op_id: 169,
+    singleton_flag: 0x1000,
+    class_names: ClassNames::IvarTable { ext: 24, iv_tbl: 8 },
 };
 
 /// 3.2: `first_lineno` became an int, so `insns_info` moved by 8; Strings
@@ -75,6 +112,8 @@ const V3_2: RubyLayout = RubyLayout {
     body_succ_index_table: 136,
     string_embedded_bytes: 24,
     string_embedded_len_in_flags: false,
+    body_local_iseq: 168,
+    class_names: ClassNames::Unknown,
     ..V3_1
 };
 
@@ -84,11 +123,18 @@ const V3_3: RubyLayout = RubyLayout {
     version: (3, 3),
     control_frame_size: 56,
     ractor_running_ec: 0x180,
+    class_names: ClassNames::Fields {
+        classpath: 152,
+        attached_object: 128,
+    },
     ..V3_2
 };
 
+/// 3.4: a new operator ID, and `FL_SINGLETON` moved to `FL_USER1`.
 const V3_4: RubyLayout = RubyLayout {
     version: (3, 4),
+    last_op_id: 170,
+    singleton_flag: 0x2000,
     ..V3_3
 };
 
@@ -102,6 +148,16 @@ pub mod flags {
     pub const T_STRING: u64 = 0x05;
     /// `T_ARRAY`.
     pub const T_ARRAY: u64 = 0x07;
+    /// `T_CLASS`.
+    pub const T_CLASS: u64 = 0x02;
+    /// `T_MODULE`.
+    pub const T_MODULE: u64 = 0x03;
+    /// `T_IMEMO`.
+    pub const T_IMEMO: u64 = 0x1a;
+    /// An imemo's kind: `(flags >> 12) & 0xf`.
+    pub const IMEMO_KIND_SHIFT: u32 = 12;
+    /// `imemo_ment`: a method entry.
+    pub const IMEMO_METHOD_ENTRY: u64 = 6;
     /// `RSTRING_NOEMBED` (`FL_USER1`): the bytes are on the heap.
     pub const STRING_NOEMBED: u64 = 0x2000;
     /// 3.1's embedded length: `FL_USER2..6`.
@@ -116,6 +172,12 @@ pub mod flags {
 pub const STRING_HEAP_PTR: u64 = 24;
 /// A heap String's length (and from 3.2 any String's).
 pub const STRING_LEN: u64 = 16;
+/// `RArray` flags: an embedded Array's length (`FL_USER3..9`).
+pub const ARRAY_EMBED_LEN_SHIFT: u32 = 15;
+/// Its mask, after the shift.
+pub const ARRAY_EMBED_LEN_MASK: u64 = 0x7f;
+/// A heap Array's length.
+pub const ARRAY_HEAP_LEN: u64 = 16;
 /// An embedded Array's first element.
 pub const ARRAY_EMBEDDED: u64 = 16;
 /// A heap Array's element pointer.

@@ -4,7 +4,8 @@
 //! the process may be mutating (or freeing) what is read.
 
 use super::layouts::{
-    ARRAY_EMBEDDED, ARRAY_HEAP_PTR, RubyLayout, STRING_HEAP_PTR, STRING_LEN, flags,
+    ARRAY_EMBED_LEN_MASK, ARRAY_EMBED_LEN_SHIFT, ARRAY_EMBEDDED, ARRAY_HEAP_LEN, ARRAY_HEAP_PTR,
+    RubyLayout, STRING_HEAP_PTR, STRING_LEN, flags,
 };
 use crate::runtimes::memory::ProcessMemory;
 
@@ -33,28 +34,106 @@ pub struct IseqLocation {
     pub line: u32,
 }
 
+/// What one iseq says of itself, whatever its frame's `pc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IseqInfo {
+    /// Its `rb_iseq_constant_body`.
+    pub body: u64,
+    /// `location.label`.
+    pub label: String,
+    /// The file.
+    pub path: String,
+    /// `location.first_lineno`.
+    pub first_line: u32,
+    /// The method iseq a block belongs to (the iseq itself for a method).
+    pub local_iseq: u64,
+}
+
+/// `ruby_global_symbols`: IDs per chunk of its `ids` Array, and the
+/// (String, Symbol) pair per ID in a chunk.
+const IDS_PER_CHUNK: u64 = 512;
+const ID_ENTRY_WORDS: u64 = 2;
+/// `ruby_global_symbols.ids`.
+const GLOBAL_SYMBOLS_IDS: u64 = 16;
+/// An ID's serial is the ID shifted by this (above the operators).
+const ID_SCOPE_SHIFT: u32 = 4;
+
 /// Reads objects of one process laid out as `layout` says.
 pub struct Objects<'a> {
-    memory: &'a ProcessMemory,
-    layout: RubyLayout,
+    pub(super) memory: &'a ProcessMemory,
+    pub(super) layout: RubyLayout,
+    /// `ruby_global_symbols` in the process, where found.
+    global_symbols: Option<u64>,
 }
 
 impl<'a> Objects<'a> {
     /// Objects of the process behind `memory`.
     pub fn new(memory: &'a ProcessMemory, layout: RubyLayout) -> Self {
-        Objects { memory, layout }
+        Objects {
+            memory,
+            layout,
+            global_symbols: None,
+        }
     }
 
-    fn word(&self, address: u64) -> Option<u64> {
+    /// Also names IDs, from `ruby_global_symbols` at `address`.
+    pub fn with_symbols(self, address: Option<u64>) -> Self {
+        Objects {
+            global_symbols: address,
+            ..self
+        }
+    }
+
+    pub(super) fn word(&self, address: u64) -> Option<u64> {
         self.memory.read_u64(address).ok()
     }
 
     /// The flags of the object `value`, if it is one (not a special constant).
-    fn flags_of(&self, value: u64) -> Option<u64> {
-        if value == 0 || value & 7 != 0 {
+    pub(super) fn flags_of(&self, value: u64) -> Option<u64> {
+        if value < 0x1000 || value & 7 != 0 {
             return None;
         }
         self.word(value)
+    }
+
+    /// Element `index` of the Array `value`.
+    pub fn array_entry(&self, value: u64, index: u64) -> Option<u64> {
+        let flags = self.flags_of(value)?;
+        if flags & flags::TYPE_MASK != flags::T_ARRAY {
+            return None;
+        }
+        let (elements, len) = if flags & flags::ARRAY_EMBED != 0 {
+            (
+                value + ARRAY_EMBEDDED,
+                (flags >> ARRAY_EMBED_LEN_SHIFT) & ARRAY_EMBED_LEN_MASK,
+            )
+        } else {
+            (
+                self.word(value + ARRAY_HEAP_PTR)?,
+                self.word(value + ARRAY_HEAP_LEN)?,
+            )
+        };
+        (index < len).then_some(())?;
+        self.word(elements.checked_add(index.checked_mul(8)?)?)
+    }
+
+    /// The name of the ID `id` (a method's, an instance variable's), from
+    /// the process's symbol table, as `rb_id2str` finds it.
+    pub fn id_name(&self, id: u64) -> Option<String> {
+        let table = self.global_symbols?;
+        let serial = if id > self.layout.last_op_id {
+            id >> ID_SCOPE_SHIFT
+        } else {
+            id
+        };
+        let last = u64::from(self.memory.read_u32(table).ok()?);
+        if serial == 0 || serial > last {
+            return None;
+        }
+        let ids = self.word(table + GLOBAL_SYMBOLS_IDS)?;
+        let chunk = self.array_entry(ids, serial / IDS_PER_CHUNK)?;
+        let string = self.array_entry(chunk, (serial % IDS_PER_CHUNK) * ID_ENTRY_WORDS)?;
+        self.string(string)
     }
 
     /// The String `value` as text (invalid UTF-8 replaced).
@@ -91,21 +170,31 @@ impl<'a> Objects<'a> {
         let flags = self.flags_of(pathobj)?;
         match flags & flags::TYPE_MASK {
             flags::T_STRING => self.string(pathobj),
-            flags::T_ARRAY => {
-                let first = if flags & flags::ARRAY_EMBED != 0 {
-                    self.word(pathobj + ARRAY_EMBEDDED)?
-                } else {
-                    self.word(self.word(pathobj + ARRAY_HEAP_PTR)?)?
-                };
-                self.string(first)
-            }
+            flags::T_ARRAY => self.string(self.array_entry(pathobj, 0)?),
             _ => None,
         }
     }
 
     /// The label, path and line of a frame running `iseq` at `pc`.
     pub fn location(&self, iseq: u64, pc: u64) -> Option<IseqLocation> {
+        let info = self.iseq(iseq)?;
+        let line = self.line(info.body, pc).unwrap_or(info.first_line);
+        Some(IseqLocation {
+            label: info.label,
+            path: info.path,
+            line,
+        })
+    }
+
+    /// What `iseq` says of itself.
+    pub fn iseq(&self, iseq: u64) -> Option<IseqInfo> {
         let l = &self.layout;
+        // An iseq is an imemo (`imemo_iseq`); anything else at the address
+        // is not read as one.
+        let flags = self.flags_of(iseq)?;
+        if flags & flags::TYPE_MASK != flags::T_IMEMO {
+            return None;
+        }
         let body = self.word(iseq + l.iseq_body)?;
         if body == 0 {
             return None;
@@ -119,13 +208,19 @@ impl<'a> Objects<'a> {
                 v as u32
             }
         });
-        let line = self.line(body, pc).unwrap_or(first_line);
-        Some(IseqLocation { label, path, line })
+        let local_iseq = self.word(body + l.body_local_iseq).unwrap_or(0);
+        Some(IseqInfo {
+            body,
+            label,
+            path,
+            first_line,
+            local_iseq,
+        })
     }
 
     /// The line of `pc` from the body's line table, as CRuby's `calc_pos`
     /// computes it (the succinct index; release builds free `positions`).
-    fn line(&self, body: u64, pc: u64) -> Option<u32> {
+    pub fn line(&self, body: u64, pc: u64) -> Option<u32> {
         let l = &self.layout;
         let encoded = self.word(body + l.body_iseq_encoded)?;
         let words = u64::from(self.memory.read_u32(body + l.body_iseq_size).ok()?);

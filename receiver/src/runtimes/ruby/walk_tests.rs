@@ -6,48 +6,57 @@
 
 use std::path::{Path, PathBuf};
 
-use icecore_unwinders::{
-    ruby::{ControlFrames, MAX_RUBY_FRAMES, RubyProcess, RubyStep, TAGS, ec_kind, more, word},
-    runtime::PAYLOAD_MASK,
+use icecore_unwinders::ruby::{
+    ControlFrames, MAX_RUBY_FRAMES, RubyProcess, RubyStep, TAGS, ec_kind, more,
 };
 
+use icecore_otlp::model::FrameKind;
+use icecore_unwinders::Dispatch;
+
 use super::{
+    RubyPlugin,
     detect::{RubyBinary, inspect, is_ruby_name},
-    objects::{IseqLocation, Objects},
 };
 use crate::{
     process_maps::ProcessMappings,
     runtimes::{
+        RuntimePlugin,
         host_walk::{HostMemory, Interpreter as Ruby, spawn_and_read_line},
         memory::ProcessMemory,
-        services::mapped_file_paths,
+        services::{MemoryProcessMap, mapped_file_paths},
     },
 };
 
-/// Spins in a block of `leaf` (under the C function `Array#cycle`: 3.3 made
-/// `Kernel#loop` Ruby code), three Ruby calls below the script, after saying
-/// so. Lines are the script's.
-const SCRIPT: &str = "def leaf
-  $stdout.puts 'ready'; $stdout.flush
-  [1].cycle do
-    i = 0
-    while i < 100_000
-      i += 1
+/// Spins in a block of `Shop#leaf` (under the C function `Array#cycle`:
+/// 3.3 made `Kernel#loop` Ruby code), below a singleton method and two
+/// top-level methods, after saying so. Lines are the script's.
+const SCRIPT: &str = "class Shop
+  def self.open; new.leaf; end
+  def leaf
+    $stdout.puts 'ready'; $stdout.flush
+    [1].cycle do
+      i = 0
+      while i < 100_000
+        i += 1
+      end
     end
   end
 end
-def mid; leaf; end
+def mid; Shop.open; end
 def top; mid; end
 top
 ";
 
-/// The Ruby frames expected, newest first: label and the lines it may be at.
-const EXPECTED: [(&str, &[u32]); 5] = [
-    ("block in leaf", &[4, 5, 6, 7]),
-    ("leaf", &[3]),
-    ("mid", &[10]),
-    ("top", &[11]),
-    ("<main>", &[12]),
+/// The frames expected, newest first: name, and the lines it may be at (none
+/// for a C function).
+const EXPECTED: [(&str, &[u32]); 7] = [
+    ("block in Shop#leaf", &[6, 7, 8, 9]),
+    ("Array#cycle", &[]),
+    ("Shop#leaf", &[5]),
+    ("Shop.open", &[2]),
+    ("Object#mid", &[13]),
+    ("Object#top", &[14]),
+    ("<main>", &[15]),
 ];
 
 /// Debian's ruby3.1, sid's ruby3.3 and experimental's ruby3.4
@@ -134,44 +143,39 @@ fn ruby_binary(pid: u32) -> (RubyBinary, u64) {
         .unwrap_or_else(|| panic!("no CRuby among {pid}'s mappings"))
 }
 
-/// What the walk gave: per step, the frame's location or `None` for a C
-/// function's frame.
-fn walk(
-    process: &RubyProcess,
-    fs_base: u64,
-    memory: &mut HostMemory,
-    objects: &Objects<'_>,
-) -> Vec<Option<IseqLocation>> {
+/// The words the BPF program writes for the walk of `fs_base`'s thread.
+fn walk(process: &RubyProcess, fs_base: u64, memory: &mut HostMemory) -> Vec<u64> {
     let ec = process
         .execution_context(fs_base, memory)
         .expect("the main thread's execution context");
     let mut frames: ControlFrames = process.control_frames(ec, memory).expect("its frames");
-    let mut out = Vec::new();
+    let mut words = Vec::new();
     for _ in 0..MAX_RUBY_FRAMES {
         if !more(&frames) {
             break;
         }
         match process.step(&mut frames, memory) {
-            RubyStep::Iseq { iseq_word, pc_word } => {
-                assert!(TAGS.local_tag(iseq_word).is_some());
-                let location = objects
-                    .location(iseq_word & PAYLOAD_MASK, pc_word & PAYLOAD_MASK)
-                    .expect("a readable iseq");
-                out.push(Some(location));
+            RubyStep::Iseq {
+                iseq_word,
+                pc_word,
+                method_word,
+            } => {
+                words.extend([iseq_word, pc_word]);
+                if method_word != 0 {
+                    words.push(method_word);
+                }
             }
-            RubyStep::Cfunc(entry) => {
-                assert_eq!(TAGS.local_tag(entry), Some(word::CFUNC));
-                out.push(None);
-            }
+            RubyStep::Cfunc(entry) => words.push(entry),
             RubyStep::Skipped => {}
             RubyStep::ReadFailed => panic!("a frame could not be read"),
         }
     }
-    out
+    assert!(words.iter().all(|&w| TAGS.local_tag(w).is_some()));
+    words
 }
 
 #[test]
-fn the_bpf_walk_names_every_ruby_frame_of_live_processes() {
+fn the_bpf_walk_and_the_plugin_name_every_frame_of_live_processes() {
     for ruby in interpreters() {
         let (child, line) = spawn_and_read_line(ruby.command().args(["-e", SCRIPT]));
         assert_eq!(line, "ready");
@@ -186,10 +190,9 @@ fn the_bpf_walk_names_every_ruby_frame_of_live_processes() {
             ec_kind::TLS_DTV,
             "{ruby:?}: TLS slot found"
         );
-        let objects = Objects::new(&memory, binary.layout);
         let (stopped, fs_base) = Stopped::new(pid);
         let mut reader = HostMemory(ProcessMemory::open(pid).unwrap());
-        let walked = walk(&process, fs_base, &mut reader, &objects);
+        let words = walk(&process, fs_base, &mut reader);
         // The GVL holder is this thread: the fallback finds the same context.
         let running = RubyProcess {
             ec_kind: ec_kind::RUNNING_EC,
@@ -198,32 +201,62 @@ fn the_bpf_walk_names_every_ruby_frame_of_live_processes() {
         };
         let by_ractor = running.execution_context(0, &mut reader);
         let by_tls = process.execution_context(fs_base, &mut reader);
+
+        // The plugin describes the process as BPF will see it, and names
+        // the frames while the process is stopped.
+        let map = MemoryProcessMap::default();
+        let mut plugin = RubyPlugin::new(Box::new(map.clone()));
+        let mappings = ProcessMappings::read(pid).unwrap();
+        let claimed = plugin.attach(pid, &mappings).expect("the plugin claims it");
+        assert_eq!(map.get(pid), Some(process), "{ruby:?}");
+        assert!(
+            claimed
+                .code
+                .iter()
+                .all(|c| c.dispatch == Dispatch::Deferred),
+            "{claimed:?}"
+        );
+        let groups = plugin.frames(pid, &words);
         drop(stopped);
 
-        println!("{ruby:?} ({}): {walked:?}", binary.version);
-        let ruby_frames: Vec<(&str, u32)> = walked
+        let frames: Vec<(String, Option<String>, u32)> = groups
             .iter()
             .flatten()
-            .map(|l| (l.label.as_str(), l.line))
+            .map(|f| {
+                let line = &f.lines[0];
+                (
+                    line.function_name.to_string(),
+                    line.filename.as_deref().map(str::to_owned),
+                    line.line,
+                )
+            })
             .collect();
+        println!("{ruby:?} ({}): {frames:?}", binary.version);
         assert_eq!(
-            ruby_frames.iter().map(|f| f.0).collect::<Vec<_>>(),
+            frames.iter().map(|f| f.0.as_str()).collect::<Vec<_>>(),
             EXPECTED.iter().map(|e| e.0).collect::<Vec<_>>(),
-            "{ruby:?}: {walked:?}"
+            "{ruby:?}: {frames:?}"
         );
-        for ((label, line), (_, lines)) in ruby_frames.iter().zip(EXPECTED) {
-            assert!(lines.contains(line), "{ruby:?}: {label} at line {line}");
+        for ((name, file, line), (_, lines)) in frames.iter().zip(EXPECTED) {
+            if lines.is_empty() {
+                assert_eq!((file.as_deref(), *line), (None, 0), "{ruby:?}: {name}");
+            } else {
+                assert!(lines.contains(line), "{ruby:?}: {name} at line {line}");
+                assert_eq!(file.as_deref(), Some("-e"), "{ruby:?}: {name}");
+            }
         }
-        assert!(walked.iter().flatten().all(|l| l.path == "-e"));
-        // `Array#cycle`, a C function, between the block and `leaf`.
+        assert!(groups.iter().flatten().all(|f| f.kind == FrameKind::Ruby));
+        // One VM invocation for `Array#cycle`'s block, one for the script.
         assert_eq!(
-            walked.iter().position(Option::is_none),
-            Some(1),
-            "{walked:?}"
+            groups.iter().map(Vec::len).collect::<Vec<_>>(),
+            [1, 6],
+            "{ruby:?}"
         );
         if binary.main_ractor_pointer.is_some() {
             assert_eq!(by_ractor, by_tls, "{ruby:?}");
         }
+        plugin.detach(pid);
+        assert_eq!(map.get(pid), None);
     }
 }
 
@@ -252,12 +285,35 @@ fn every_interpreter_found_is_a_supported_version() {
         for lib in libs {
             let binary = inspect(Path::new(&lib)).unwrap_or_else(|e| panic!("{e}"));
             assert!(binary.tls_got_pair.is_some(), "{}", lib.display());
+            assert!(binary.global_symbols.is_some(), "{}", lib.display());
+            // Where the file still exports it (3.1), `vm_exec` is `rb_vm_exec`.
+            let exported = exported_function(&lib, "rb_vm_exec");
+            if let Some(exported) = exported {
+                assert_eq!(binary.vm_exec, [exported], "{}", lib.display());
+            }
+            assert!(
+                (1..=2).contains(&binary.vm_exec.len()),
+                "{}: {:x?}",
+                lib.display(),
+                binary.vm_exec
+            );
             println!(
-                "{}: {} {:?}",
+                "{}: {} {:?}, vm_exec {:x?}",
                 lib.display(),
                 binary.version,
-                binary.layout.version
+                binary.layout.version,
+                binary.vm_exec
             );
         }
     }
+}
+
+/// The address range of the exported function `name` of `path`.
+fn exported_function(path: &Path, name: &str) -> Option<std::ops::Range<u64>> {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(path).ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    elf.dynamic_symbols()
+        .find(|s| s.name() == Ok(name) && !s.is_undefined())
+        .map(|s| s.address()..s.address() + s.size())
 }
