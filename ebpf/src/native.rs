@@ -43,6 +43,12 @@ impl MemoryReader for UserMemory {
         // SAFETY: the helper checks the address; a fault returns an error.
         unsafe { bpf_probe_read_user(address as *const u64) }.ok()
     }
+
+    #[inline(always)]
+    fn read_words<const N: usize>(&mut self, address: u64) -> Option<[u64; N]> {
+        // SAFETY: as above, for `N` words at once.
+        unsafe { bpf_probe_read_user(address as *const [u64; N]) }.ok()
+    }
 }
 
 impl BlockReader for UserMemory {

@@ -22,6 +22,7 @@ pub mod python;
 pub mod python_otlp;
 pub mod receiver;
 pub mod receiver_client;
+pub mod ruby;
 pub mod run;
 pub mod summary;
 

@@ -243,6 +243,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
                 address,
                 mapping: mapping.clone(),
                 filename: None,
+                line: int(&line, "line"),
             });
         }
         if frames.is_empty() {
@@ -252,6 +253,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
                 address,
                 mapping,
                 filename: None,
+                line: 0,
             });
         }
         locations.insert(id, frames);

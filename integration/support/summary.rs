@@ -22,6 +22,8 @@ pub struct Frame {
     pub mapping: Option<String>,
     /// Source file of the line's function (OTLP only); None when unknown.
     pub filename: Option<String>,
+    /// Source line; 0 when unknown.
+    pub line: i64,
 }
 
 impl Frame {

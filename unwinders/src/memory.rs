@@ -11,6 +11,20 @@
 pub trait MemoryReader {
     /// Reads the little-endian u64 at `address`, or `None` when it is not readable.
     fn read_u64(&mut self, address: u64) -> Option<u64>;
+
+    /// Reads `N` consecutive words from `address`: one helper call in BPF,
+    /// for a small object read whole. A [`WindowedReader`] passes it to its
+    /// inner reader and keeps its window.
+    #[inline(always)]
+    fn read_words<const N: usize>(&mut self, address: u64) -> Option<[u64; N]> {
+        let mut words = [0; N];
+        let mut at = address;
+        for word in &mut words {
+            *word = self.read_u64(at)?;
+            at = at.wrapping_add(8);
+        }
+        Some(words)
+    }
 }
 
 /// Bytes one window read copies at most: about ten typical frames, while
@@ -134,6 +148,11 @@ impl<R: BlockReader> WindowedReader<'_, R> {
 }
 
 impl<R: BlockReader> MemoryReader for WindowedReader<'_, R> {
+    #[inline(always)]
+    fn read_words<const N: usize>(&mut self, address: u64) -> Option<[u64; N]> {
+        self.inner.read_words(address)
+    }
+
     #[inline(always)]
     fn read_u64(&mut self, address: u64) -> Option<u64> {
         let offset = address.wrapping_sub(self.window.base);

@@ -261,11 +261,10 @@ impl RubyProcess {
         let Some(ep) = memory.read_u64(cfp.wrapping_add(fixed::CFP_EP)) else {
             return RubyStep::ReadFailed;
         };
-        // `ep[-2]` before `ep[0]`, for the same reason.
-        let Some(me_cref) = memory.read_u64(ep.wrapping_sub(fixed::EP_ME_CREF)) else {
-            return RubyStep::ReadFailed;
-        };
-        let Some(flags) = memory.read_u64(ep) else {
+        // `ep[-2]..=ep[0]` in one read that leaves the window on the
+        // control frames, the next of which follows this one.
+        let Some([me_cref, _, flags]) = memory.read_words::<3>(ep.wrapping_sub(fixed::EP_ME_CREF))
+        else {
             return RubyStep::ReadFailed;
         };
         // Special constants (nil is 8, small integers are odd) are no

@@ -21,9 +21,10 @@ use crate::{
 /// Control frames walked per program run; tail calls continue.
 const FRAMES_PER_PROGRAM: usize = 32;
 
-/// Bytes a read copies at once: two control frames (56 or 64 bytes each,
-/// consecutive on the VM stack), or a frame's `ep[-2]..=ep[0]`.
-const READ_BLOCK_BYTES: u32 = 128;
+/// Bytes a window read copies at once: the control frames are consecutive
+/// on the VM stack (56 or 64 bytes each), so one copy serves about 16 of
+/// them; each frame's `ep[-2]..=ep[0]` is one read of its own beside it.
+const READ_BLOCK_BYTES: u32 = 1024;
 
 pub fn unwind(ctx: &PerfEventContext) -> u32 {
     let Some(scratch) = scratch(ProgramIndex::Ruby) else {
@@ -43,13 +44,13 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         finish(ctx, scratch);
         return 0;
     };
-    let mut memory = WindowedReader::with_block(&mut scratch.stack, UserMemory, READ_BLOCK_BYTES);
     let walk = &mut scratch.state.runtimes.ruby;
     if walk.started == 0 {
         walk.started = 1;
+        // Single words in different places: read one by one.
         let frames = crate::task::fs_base()
-            .and_then(|thread| process.execution_context(thread, &mut memory))
-            .and_then(|ec| process.control_frames(ec, &mut memory));
+            .and_then(|thread| process.execution_context(thread, &mut UserMemory))
+            .and_then(|ec| process.control_frames(ec, &mut UserMemory));
         let walk = &mut scratch.state.runtimes.ruby;
         match frames {
             Some(frames) => {
@@ -62,6 +63,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
             }
         }
     }
+    let mut memory = WindowedReader::with_block(&mut scratch.stack, UserMemory, READ_BLOCK_BYTES);
     for _ in 0..FRAMES_PER_PROGRAM {
         let walk = &scratch.state.runtimes.ruby;
         let mut frames = ControlFrames {

@@ -66,6 +66,7 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
             address: 0,
             mapping: None,
             filename: None,
+            line: 0,
         }];
     };
     let mapping = usize::try_from(loc.mapping_index)
@@ -98,6 +99,7 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
                 address: loc.address,
                 mapping: mapping.clone(),
                 filename,
+                line: line.line,
             }
         })
         .collect();
@@ -108,6 +110,7 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
             address: loc.address,
             mapping,
             filename: None,
+            line: 0,
         });
     }
     frames

@@ -32,6 +32,7 @@ fn frame(m: &mut Image, cfp: u64, pc: u64, iseq: u64, ep: u64, flags: u64) {
     m.put(cfp + 16, iseq);
     m.put(cfp + 32, ep);
     m.put(ep - 16, 0);
+    m.put(ep - 8, 0);
     m.put(ep, flags);
 }
 
