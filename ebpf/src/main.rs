@@ -4,7 +4,7 @@
 //! fixed part and kernel stack in per-CPU scratch space, then tail-calls the
 //! native unwinder, which walks the user stack a bounded number of frames per
 //! program and tail-calls itself to continue, handing frames to runtime
-//! unwinders (`unwind_python`, `unwind_ruby`) where the program counter enters code they own
+//! unwinders (`unwind_python`, `unwind_ruby`, `unwind_hotspot`) where the program counter enters code they own
 //! (see `icecore_unwinders::runtime`); the last program copies the finished
 //! record into the ring buffer. Every way a sample can end or degrade bumps a
 //! named counter (see `icecore_unwinders::Counter`).
@@ -157,6 +157,11 @@ pub fn unwind_python(ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn unwind_ruby(ctx: PerfEventContext) -> u32 {
     runtimes::ruby::unwind(&ctx)
+}
+
+#[perf_event]
+pub fn unwind_hotspot(ctx: PerfEventContext) -> u32 {
+    runtimes::hotspot::unwind(&ctx)
 }
 
 #[perf_event]

@@ -9,6 +9,7 @@ use aya_ebpf::{
 };
 use icecore_unwinders::{
     COUNTER_COUNT, Counter, MAX_TAIL_CALLS, ProgramIndex, UnwindScratch, UnwindState,
+    hotspot::{HOTSPOT_PROCESSES_MAX, HotSpotProcess},
     native::{
         ProcessMappingTable, UnwindChunk,
         mappings::{PROCESS_PAGES, PROCESS_SLOTS_MAX, PROCESS_TABLES_PER_PAGE},
@@ -62,6 +63,12 @@ pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
 #[map]
 pub static RUBY_PROCESSES: HashMap<u32, RubyProcess> =
     HashMap::with_max_entries(RUBY_PROCESSES_MAX, 0);
+
+/// pid → what the HotSpot unwinder needs of that JVM, written by the
+/// HotSpot plugin.
+#[map]
+pub static HOTSPOT_PROCESSES: HashMap<u32, HotSpotProcess> =
+    HashMap::with_max_entries(HOTSPOT_PROCESSES_MAX, 0);
 
 /// One `unknown_process` policy value, set by user space once it describes
 /// processes to BPF.

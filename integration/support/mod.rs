@@ -13,6 +13,7 @@ pub mod bpf_maps;
 pub mod build;
 pub mod fixture;
 pub mod jit_runtimes;
+pub mod jvm;
 pub mod kube;
 pub mod metrics;
 pub mod native;

@@ -270,6 +270,15 @@ impl CpuProfiler {
             }
         });
         if let Some(native) = native.as_mut() {
+            // Runtimes that could not describe a process at its first
+            // sample (a JVM still starting) try again.
+            for pid in runtimes.due_for_attach() {
+                if let Some(process) = processes.get(pid) {
+                    let code = runtimes.attach(pid, &process.mappings);
+                    native.describe_process(pid, &process.mappings, &code);
+                    described.push(pid);
+                }
+            }
             for (pid, ktime) in exits {
                 // The exit of the image BPF knows (not of a process the pid
                 // had before): the process table keeps it until the next

@@ -129,8 +129,14 @@ pub enum RuntimeLoad {
 }
 
 /// Counter values summed over CPUs, in `Counter` index order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CounterValues(pub [u64; COUNTER_COUNT as usize]);
+
+impl Default for CounterValues {
+    fn default() -> Self {
+        CounterValues([0; COUNTER_COUNT as usize])
+    }
+}
 
 impl CounterValues {
     /// The value of one counter.

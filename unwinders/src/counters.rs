@@ -79,10 +79,22 @@ pub enum Counter {
     RubyStackTruncated = 28,
     /// The native unwinder ran the CRuby unwinder for a process that has no `RUBY_PROCESSES` entry.
     RubyProcessMissing = 29,
+    /// HotSpot frames walked (compiled, interpreted and stub frames).
+    HotSpotFrames = 30,
+    /// A PC in the JIT's code cache but in no code blob (code being
+    /// installed or freed); the stack ends there.
+    HotSpotUnknownCode = 31,
+    /// Reading the JVM's memory failed mid-walk; the stack ends there.
+    HotSpotReadFailed = 32,
+    /// The Java stack hit the record or tail-call limit and was cut.
+    HotSpotStackTruncated = 33,
+    /// The native unwinder handed code to the HotSpot unwinder for a
+    /// process that has no `HOTSPOT_PROCESSES` entry.
+    HotSpotProcessMissing = 34,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 30;
+pub const COUNTER_COUNT: u32 = 35;
 
 impl Counter {
     /// Every counter, in index order.
@@ -117,6 +129,11 @@ impl Counter {
         Counter::RubyReadFailed,
         Counter::RubyStackTruncated,
         Counter::RubyProcessMissing,
+        Counter::HotSpotFrames,
+        Counter::HotSpotUnknownCode,
+        Counter::HotSpotReadFailed,
+        Counter::HotSpotStackTruncated,
+        Counter::HotSpotProcessMissing,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -152,6 +169,11 @@ impl Counter {
             Counter::RubyReadFailed => "ruby_read_failed",
             Counter::RubyStackTruncated => "ruby_stack_truncated",
             Counter::RubyProcessMissing => "ruby_process_missing",
+            Counter::HotSpotFrames => "hotspot_frames",
+            Counter::HotSpotUnknownCode => "hotspot_unknown_code",
+            Counter::HotSpotReadFailed => "hotspot_read_failed",
+            Counter::HotSpotStackTruncated => "hotspot_stack_truncated",
+            Counter::HotSpotProcessMissing => "hotspot_process_missing",
         }
     }
 }

@@ -14,6 +14,7 @@ extern crate std;
 
 pub mod counters;
 pub mod events;
+pub mod hotspot;
 pub mod memory;
 pub mod native;
 pub mod programs;

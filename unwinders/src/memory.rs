@@ -330,6 +330,11 @@ pub(crate) mod test_image {
         pub(crate) fn put(&mut self, address: u64, value: u64) {
             self.0.insert(address, value);
         }
+
+        /// The word at `address`, if written.
+        pub(crate) fn get(&self, address: u64) -> Option<u64> {
+            self.0.get(&address).copied()
+        }
     }
 
     impl MemoryReader for Image {

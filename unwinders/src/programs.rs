@@ -24,6 +24,8 @@ pub enum ProgramIndex {
     NativeResumed = 3,
     /// Walks CRuby control frames (see [`crate::ruby`]).
     Ruby = 4,
+    /// Walks HotSpot's Java frames (see [`crate::hotspot`]).
+    HotSpot = 5,
 }
 
 impl ProgramIndex {
@@ -37,7 +39,7 @@ impl ProgramIndex {
 }
 
 /// Number of slots in the program array.
-pub const PROGRAM_COUNT: u32 = 5;
+pub const PROGRAM_COUNT: u32 = 6;
 
 /// Tail calls one sample may use. The kernel allows 33 per chain (32 before
 /// 5.17); keeping a margin leaves room for the final jump to `Emit`.

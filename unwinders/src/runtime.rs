@@ -1,5 +1,5 @@
-//! How runtime unwinders (CPython and CRuby now; PHP, Perl, JVM, V8 and
-//! .NET next) plug into the native unwinder, on the BPF side.
+//! How runtime unwinders (CPython, CRuby and HotSpot now; PHP, Perl, V8
+//! and .NET next) plug into the native unwinder, on the BPF side.
 //!
 //! # Dispatch by program counter
 //!
@@ -146,7 +146,11 @@ pub struct BpfRuntime {
 }
 
 /// Every runtime with a BPF program, in program-slot order.
-pub const BPF_RUNTIMES: [BpfRuntime; 2] = [crate::python::CPYTHON, crate::ruby::CRUBY];
+pub const BPF_RUNTIMES: [BpfRuntime; 3] = [
+    crate::python::CPYTHON,
+    crate::ruby::CRUBY,
+    crate::hotspot::HOTSPOT,
+];
 
 /// Per-runtime state areas in the unwind state, kept between the tail calls
 /// of one sample and reset when a sample starts. One field per runtime.
@@ -157,9 +161,11 @@ pub struct RuntimeStates {
     pub python: crate::python::PythonWalkState,
     /// CRuby's walk.
     pub ruby: crate::ruby::RubyWalkState,
+    /// HotSpot's walk.
+    pub hotspot: crate::hotspot::HotSpotWalkState,
 }
 
-const _: () = assert!(core::mem::size_of::<RuntimeStates>() == 40);
+const _: () = assert!(core::mem::size_of::<RuntimeStates>() == 48);
 
 impl RuntimeStates {
     /// Readies every runtime's state for a new sample. Field by field: a
@@ -169,6 +175,7 @@ impl RuntimeStates {
     pub fn reset(&mut self) {
         self.python.reset();
         self.ruby.reset();
+        self.hotspot.reset();
     }
 }
 

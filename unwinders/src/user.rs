@@ -16,3 +16,4 @@ unsafe impl aya::Pod for ProcessMappingTable {}
 unsafe impl aya::Pod for crate::events::ProcessEvent {}
 unsafe impl aya::Pod for crate::python::PythonProcess {}
 unsafe impl aya::Pod for crate::ruby::RubyProcess {}
+unsafe impl aya::Pod for crate::hotspot::HotSpotProcess {}

@@ -3,6 +3,7 @@
 //! A runtime's program lives in its own file here and is registered in
 //! `main.rs` with one `#[perf_event]` function.
 
+pub mod hotspot;
 pub mod python;
 pub mod ruby;
 

@@ -109,6 +109,13 @@ pub trait RuntimePlugin: Send {
     fn frames(&mut self, _pid: u32, _words: &[u64]) -> Vec<Vec<Arc<Frame>>> {
         Vec::new()
     }
+    /// Processes this plugin claimed but could not describe yet (a JVM
+    /// whose code cache does not exist yet), due for another
+    /// [`attach`](Self::attach): the profiler calls it again with each one's
+    /// mappings and describes the process to BPF anew.
+    fn due_for_attach(&mut self) -> Vec<u32> {
+        Vec::new()
+    }
     /// The frame of `address`, in an anonymous executable mapping of `pid`.
     fn jit_frame(&mut self, _pid: u32, _address: u64) -> Option<Arc<Frame>> {
         None
@@ -179,6 +186,19 @@ impl Runtimes {
                 }
             }
         }
+    }
+
+    /// Processes some plugin wants attached again (see
+    /// [`RuntimePlugin::due_for_attach`]).
+    pub fn due_for_attach(&mut self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .plugins
+            .iter_mut()
+            .flat_map(|p| p.due_for_attach())
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// Hands each run of runtime words among a sample's `user_words` to its

@@ -3,9 +3,12 @@
 //! OTel frame type of its frames, its BPF half and how its plugin is built.
 
 use icecore_otlp::model::FrameKind;
-use icecore_unwinders::{BpfRuntime, python::CPYTHON, ruby::CRUBY};
+use icecore_unwinders::{BpfRuntime, hotspot::HOTSPOT, python::CPYTHON, ruby::CRUBY};
 
-use super::{RuntimePlugin, perf_map::PerfMapPlugin, python::PythonPlugin, ruby::RubyPlugin};
+use super::{
+    RuntimePlugin, hotspot::plugin::HotSpotPlugin, perf_map::PerfMapPlugin, python::PythonPlugin,
+    ruby::RubyPlugin,
+};
 use crate::sampler::{CpuSampler, SamplerError};
 
 /// One runtime icecore can unwind or symbolize.
@@ -55,6 +58,18 @@ pub static CRUBY_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     },
 };
 
+/// HotSpot (OpenJDK 11–25).
+pub static HOTSPOT_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
+    name: HOTSPOT.name,
+    summary: "HotSpot JVMs (OpenJDK 11-25): Java methods, inlined ones included, files and lines",
+    frame_kind: FrameKind::Jvm,
+    bpf: Some(&HOTSPOT),
+    build: |sampler| {
+        let map = sampler.runtime_process_map(&HOTSPOT, "HOTSPOT_PROCESSES")?;
+        Ok(Box::new(HotSpotPlugin::new(Box::new(map))))
+    },
+};
+
 /// JIT code named from `/tmp/perf-PID.map` and `jit-PID.dump`.
 pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     name: "perf-map",
@@ -66,8 +81,12 @@ pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
 };
 
 /// Every runtime, in the order plugins are offered a process.
-pub static RUNTIMES: [&RuntimeDescriptor; 3] =
-    [&CPYTHON_RUNTIME, &CRUBY_RUNTIME, &PERF_MAP_RUNTIME];
+pub static RUNTIMES: [&RuntimeDescriptor; 4] = [
+    &CPYTHON_RUNTIME,
+    &CRUBY_RUNTIME,
+    &HOTSPOT_RUNTIME,
+    &PERF_MAP_RUNTIME,
+];
 
 /// The descriptor named `name`.
 pub fn by_name(name: &str) -> Option<&'static RuntimeDescriptor> {

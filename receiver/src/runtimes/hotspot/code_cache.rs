@@ -22,12 +22,13 @@ const MAX_DEBUG_BYTES: u64 = 4 << 20;
 /// Largest metadata table read (entries).
 const MAX_METADATA: u64 = 1 << 16;
 
-/// One code heap: its committed code and its segment map.
+/// One code heap: its reserved code range and its segment map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CodeHeap {
-    /// First address of committed code.
+    /// First address of code.
     pub low: u64,
-    /// One past the last.
+    /// One past the last reserved address (code is committed up to here
+    /// while the JVM runs).
     pub high: u64,
     /// The segment map: one byte per segment.
     pub segmap: u64,
@@ -315,8 +316,8 @@ fn heap(memory: &ProcessMemory, l: &CodeCacheLayout, heap: u64) -> Option<CodeHe
     let segmap = heap + l.heap_segmap;
     let log2 = memory.read_u32(heap + l.heap_log2_segment_size).ok()?;
     let h = CodeHeap {
-        low: memory.read_u64(code + l.space_low).ok()?,
-        high: memory.read_u64(code + l.space_high).ok()?,
+        low: memory.read_u64(code + l.space_low_boundary).ok()?,
+        high: memory.read_u64(code + l.space_high_boundary).ok()?,
         segmap: memory.read_u64(segmap + l.space_low).ok()?,
         log2_segment_size: log2,
     };

@@ -46,10 +46,13 @@ pub struct CodeCacheLayout {
     pub heap_segmap: u64,
     /// `CodeHeap::_log2_segment_size` (int).
     pub heap_log2_segment_size: u64,
-    /// `VirtualSpace::_low` (committed start).
+    /// `VirtualSpace::_low` (committed start: the segment map's first byte).
     pub space_low: u64,
-    /// `VirtualSpace::_high` (committed end).
-    pub space_high: u64,
+    /// `VirtualSpace::_low_boundary` (reserved start).
+    pub space_low_boundary: u64,
+    /// `VirtualSpace::_high_boundary` (reserved end: code is committed,
+    /// and blobs placed, up to it while the JVM runs).
+    pub space_high_boundary: u64,
     /// `sizeof(HeapBlock)`: the blob follows its block's header.
     pub heap_block_size: u64,
     /// `HeapBlock::Header::_length` (segments; size_t, or u32 from 25).
@@ -209,7 +212,8 @@ impl HotSpotLayout {
             heap_segmap: vm.field("CodeHeap::_segmap")?,
             heap_log2_segment_size: vm.field("CodeHeap::_log2_segment_size")?,
             space_low: vm.field("VirtualSpace::_low")?,
-            space_high: vm.field("VirtualSpace::_high")?,
+            space_low_boundary: vm.field("VirtualSpace::_low_boundary")?,
+            space_high_boundary: vm.field("VirtualSpace::_high_boundary")?,
             heap_block_size: vm.size("HeapBlock")?,
             block_length: vm.field("HeapBlock::Header::_length")?,
             block_used: vm.field("HeapBlock::Header::_used")?,

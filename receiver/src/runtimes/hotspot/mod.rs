@@ -19,6 +19,7 @@ pub mod compressed;
 pub mod detect;
 pub mod layout;
 pub mod names;
+pub mod plugin;
 pub mod vmstructs;
 #[cfg(test)]
 mod walk_tests;

@@ -1,0 +1,402 @@
+// Copyright 2026 The icecore Authors
+// SPDX-License-Identifier: Apache-2.0
+
+//! End-to-end tests of the HotSpot unwinder: a Java fixture with a known
+//! split (`fixtures/JvmSplit.java`: 50/30/20 % of the thread's CPU time
+//! through one leaf method, whose loop calls a tiny method C2 inlines) runs under every JDK of
+//! the machine (11, 17, 21, 25), each started after the agent and without
+//! any JVM flag. icecore's shares must be within 5 percentage points of the
+//! split and of the JVM's own Flight Recorder on the same run; inlined
+//! frames must be reported as such; JNI code must sit under its Java
+//! caller, a thread pool's threads must be named, and a class loaded late
+//! must be named.
+//!
+//! Every test loads BPF programs and needs root; without root it prints why it
+//! is skipped and passes.
+//!
+//!     sudo -E cargo test --release --test jvm -- --test-threads=1 --nocapture
+
+// Test code: a panic is how a helper reports a failed expectation.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+#[allow(
+    dead_code,
+    reason = "support/ serves several test targets; this one uses only part of it"
+)]
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::Child;
+use std::thread::sleep;
+use std::time::Duration;
+
+use support::jvm::{Jdk, compile_fixture, jdks, jfr_stacks, spawn_fixture};
+use support::run::{REPORTER_INTERVAL, SystemWideRun};
+use support::summary::{DecodedSample, Frame, count_where, of_pid_since, pct, total};
+use support::{now_unix_nanos, require_root, serial};
+
+/// About a thousand samples per fixture with four sharing two CPUs.
+const HZ: u32 = 499;
+/// Fixture lifetime: long enough for C2 to compile and inline.
+const FIXTURE_SECS: u32 = 14;
+/// Shares are measured from here on (the JIT has warmed up).
+const WARM_UP: Duration = Duration::from_secs(4);
+/// The built-in split, in percent.
+const SPLIT: [(&str, f64); 3] = [("alpha", 50.0), ("beta", 30.0), ("gamma", 20.0)];
+const TOLERANCE_PP: f64 = 5.0;
+/// The lines of `JvmSplit.leaf`'s body.
+const LEAF_LINES: std::ops::RangeInclusive<i64> = 37..=44;
+/// The line of `JvmSplit.step`'s body.
+const STEP_LINE: i64 = 33;
+/// The line of `JvmSplit.cpu`'s body (its call to the thread MX bean).
+const CPU_LINE: i64 = 29;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+fn wait_all(children: &mut [(Jdk, Child)]) {
+    for (jdk, child) in children {
+        let status = child.wait().expect("wait for the fixture");
+        assert!(status.success(), "{}: fixture failed: {status}", jdk.label);
+    }
+}
+
+fn finish(run: &mut SystemWideRun) {
+    sleep(2 * REPORTER_INTERVAL + Duration::from_millis(500));
+    let _ = run
+        .icecore
+        .metrics_after_next_batch(Duration::from_secs(30));
+    run.icecore.stop();
+}
+
+fn is_jvm(frame: &Frame) -> bool {
+    frame.kind.as_deref() == Some("jvm")
+}
+
+/// Shares of alpha, beta and gamma among samples in `JvmSplit.leaf`.
+fn split_shares<'a>(stacks: impl Iterator<Item = (Vec<&'a str>, u64)>) -> ([f64; 3], u64) {
+    let mut parts = [0u64; 3];
+    for (names, count) in stacks {
+        if !names.contains(&"JvmSplit.leaf") {
+            continue;
+        }
+        for (i, (method, _)) in SPLIT.iter().enumerate() {
+            if names.contains(&format!("JvmSplit.{method}").as_str()) {
+                parts[i] += count;
+            }
+        }
+    }
+    let n: u64 = parts.iter().sum();
+    (parts.map(|p| pct(p, n)), n)
+}
+
+/// Whether `sample` has `inner` inlined into `outer`: two lines of one
+/// compiled location (the same address).
+fn inlined_into(sample: &DecodedSample, inner: &str, outer: &str) -> bool {
+    sample.stack.windows(2).any(|w| {
+        w[0].function == inner
+            && w[0].address != 0
+            && w[1].address == w[0].address
+            && w[1].function == outer
+    })
+}
+
+/// The JVM options of the split's run on `jdk`: 17 and 25 (one of each
+/// UNSIGNED5 format) run with `DebugNonSafepoints`, which gives C2's code
+/// debug information between safepoints, so that code inlined into a loop
+/// is attributed exactly even where it calls nothing; 11 and 21 run without
+/// any option, where inlining shows at call sites.
+fn split_options(jdk: &Jdk) -> &'static [&'static str] {
+    if matches!(jdk.major, 17 | 25) {
+        &["-XX:+UnlockDiagnosticVMOptions", "-XX:+DebugNonSafepoints"]
+    } else {
+        &[]
+    }
+}
+
+#[test]
+fn every_jdk_matches_its_split_and_the_flight_recorder() {
+    const TEST: &str = "every_jdk_matches_its_split_and_the_flight_recorder";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let found = jdks();
+    assert!(!found.is_empty(), "{TEST}: no JDK on this machine");
+    let classes_dir = tmp();
+    let classes = compile_fixture(classes_dir.path());
+    let recordings = tmp();
+
+    let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
+    let mut fixtures: Vec<(Jdk, Child)> = found
+        .iter()
+        .map(|jdk| {
+            let jfr = recordings.path().join(format!("{}.jfr", jdk.major));
+            (
+                jdk.clone(),
+                spawn_fixture(
+                    jdk,
+                    &classes,
+                    "split",
+                    FIXTURE_SECS,
+                    Some(&jfr),
+                    split_options(jdk),
+                ),
+            )
+        })
+        .collect();
+    sleep(WARM_UP);
+    let from = now_unix_nanos();
+    let pids: Vec<u32> = fixtures.iter().map(|(_, c)| c.id()).collect();
+    wait_all(&mut fixtures);
+    finish(&mut run);
+    let received = run.otlp_of(pids[0]);
+
+    println!(
+        "{TEST}: {:<20} {:>7} {:>7} {:>20} {:>20} {:>6} {:>9}",
+        "jdk", "samples", "in_java", "icecore a/b/g %", "JFR a/b/g %", "jfr_n", "in/inlined"
+    );
+    let mut failures = Vec::new();
+    for ((jdk, _), &pid) in fixtures.iter().zip(&pids) {
+        let label = &jdk.label;
+        let (samples, _) = of_pid_since(&received.samples, pid, from);
+        let all = total(&samples);
+        let in_java = pct(count_where(&samples, |s| s.contains("JvmSplit.split")), all);
+        let (shares, n) = split_shares(samples.iter().map(|s| (s.names(), s.count)));
+        let jfr = jfr_stacks(&recordings.path().join(format!("{}.jfr", jdk.major)));
+        let (jfr_shares, jfr_n) = split_shares(
+            jfr.iter()
+                .map(|s| (s.iter().map(String::as_str).collect(), 1)),
+        );
+        let exact = !split_options(jdk).is_empty();
+        // Exact: `step`, inlined into `leaf`'s loop, at its own line.
+        // Without the option: `cpu`, inlined into `leaf`, at its call.
+        let (inner, line) = if exact {
+            ("JvmSplit.step", STEP_LINE)
+        } else {
+            ("JvmSplit.cpu", CPU_LINE)
+        };
+        let in_inner = count_where(&samples, |s| s.contains(inner));
+        let inlined = count_where(&samples, |s| {
+            inlined_into(s, inner, "JvmSplit.leaf")
+                && s.stack
+                    .iter()
+                    .any(|f| f.function == inner && f.line == line)
+        });
+        let fmt = |s: [f64; 3]| format!("{:.1}/{:.1}/{:.1}", s[0], s[1], s[2]);
+        println!(
+            "{TEST}: {label:<20} {all:>7} {in_java:>6.1}% {:>20} {:>20} {jfr_n:>6} {in_inner:>4}/{inlined} ({inner})",
+            fmt(shares),
+            fmt(jfr_shares)
+        );
+        if n < 300 {
+            failures.push(format!("{label}: only {n} samples in JvmSplit.leaf"));
+        }
+        if in_java < 95.0 {
+            failures.push(format!(
+                "{label}: {in_java:.1}% of samples have the fixture's Java frames (expected ≥ 95%)"
+            ));
+        }
+        for (i, (method, expected)) in SPLIT.iter().enumerate() {
+            if (shares[i] - expected).abs() > TOLERANCE_PP {
+                failures.push(format!(
+                    "{label}: JvmSplit.{method} {:.1}%, built-in split {expected}%",
+                    shares[i]
+                ));
+            }
+            if jfr_n < 200 || (shares[i] - jfr_shares[i]).abs() > TOLERANCE_PP {
+                failures.push(format!(
+                    "{label}: JvmSplit.{method} {:.1}% vs the Flight Recorder's {:.1}% ({jfr_n} samples)",
+                    shares[i], jfr_shares[i]
+                ));
+            }
+        }
+        // C2 inlined `inner` into `leaf`: its frames are lines of their
+        // caller's location, and it still gets its share.
+        let enough = if exact {
+            in_inner * 2 >= n
+        } else {
+            in_inner * 20 >= n
+        };
+        if !enough || inlined * 10 < in_inner * 9 {
+            let example = samples
+                .iter()
+                .find(|s| s.contains(inner))
+                .map(|s| {
+                    s.stack
+                        .iter()
+                        .map(|f| format!("{}@{:#x}:{}", f.function, f.address, f.line))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            failures.push(format!(
+                "{label}: {in_inner} of {n} samples in leaf are in {inner}, {inlined} of them \
+                 inlined into leaf at line {line}; e.g. {example:?}"
+            ));
+        }
+        let leaves: Vec<&Frame> = samples
+            .iter()
+            .flat_map(|s| &s.stack)
+            .filter(|f| f.function == "JvmSplit.leaf")
+            .collect();
+        let wrong: Vec<&&Frame> = leaves
+            .iter()
+            .filter(|f| {
+                !is_jvm(f)
+                    || f.filename.as_deref() != Some("JvmSplit.java")
+                    || !LEAF_LINES.contains(&f.line)
+            })
+            .collect();
+        if leaves.is_empty() || !wrong.is_empty() {
+            failures.push(format!(
+                "{label}: leaf frames not of type jvm at JvmSplit.java:{LEAF_LINES:?}: {:?}",
+                &wrong[..wrong.len().min(3)]
+            ));
+        }
+        // The native frames that called Java stay under it.
+        let under_native = count_where(&samples, |s| {
+            let java = s.stack.iter().rposition(is_jvm);
+            let call_helper = s
+                .stack
+                .iter()
+                .position(|f| f.function.starts_with("JavaCalls::call_helper"));
+            matches!((java, call_helper), (Some(j), Some(c)) if j < c)
+        });
+        println!(
+            "{TEST}: {label}: {under_native} of {all} samples ({:.1}%) reach JavaCalls::call_helper \
+             under their Java frames",
+            pct(under_native, all)
+        );
+        // Some stacks end in Java code: sampled in a compiled method's
+        // prologue or epilogue, where its frame size does not hold yet.
+        if pct(under_native, all) < 80.0 {
+            let example = samples
+                .iter()
+                .find(|s| {
+                    !s.stack
+                        .iter()
+                        .any(|f| f.function.starts_with("JavaCalls::call_helper"))
+                })
+                .map(|s| {
+                    s.stack
+                        .iter()
+                        .map(|f| format!("{}@{:#x}", f.function, f.address))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            failures.push(format!(
+                "{label}: {under_native} of {all} samples have JavaCalls::call_helper under \
+                 the Java frames: {example:?}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}
+
+#[test]
+fn jni_code_thread_pools_and_late_classes_are_attributed() {
+    const TEST: &str = "jni_code_thread_pools_and_late_classes_are_attributed";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let found = jdks();
+    // The oldest and the newest.
+    let chosen: Vec<Jdk> = [found.first(), found.last()]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    assert!(!chosen.is_empty(), "{TEST}: no JDK on this machine");
+    let classes_dir = tmp();
+    let classes = compile_fixture(classes_dir.path());
+
+    let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
+    let mut fixtures: Vec<(Jdk, Child, &str)> = Vec::new();
+    for jdk in &chosen {
+        for mode in ["threads", "native", "late"] {
+            let child = spawn_fixture(jdk, &classes, mode, FIXTURE_SECS / 2, None, &[]);
+            fixtures.push((jdk.clone(), child, mode));
+        }
+    }
+    sleep(Duration::from_secs(2));
+    let from = now_unix_nanos();
+    for (jdk, child, mode) in &mut fixtures {
+        let status = child.wait().expect("wait for the fixture");
+        assert!(status.success(), "{} {mode}: {status}", jdk.label);
+    }
+    finish(&mut run);
+    let received = run.otlp_of(fixtures[0].1.id());
+
+    let mut failures = Vec::new();
+    for (jdk, child, mode) in &fixtures {
+        let label = format!("{} {mode}", jdk.label);
+        let (samples, _) = of_pid_since(&received.samples, child.id(), from);
+        match *mode {
+            "threads" => {
+                let names: BTreeSet<String> = samples
+                    .iter()
+                    .filter(|s| s.contains("JvmSplit.worker"))
+                    .filter_map(|s| s.thread_name.clone())
+                    .collect();
+                let n = count_where(&samples, |s| s.contains("JvmSplit.worker"));
+                println!("{TEST}: {label}: {n} samples in worker, on threads {names:?}");
+                let expected: BTreeSet<String> = ["pool-1-thread-1", "pool-1-thread-2"]
+                    .map(String::from)
+                    .into();
+                if n < 200 || names != expected {
+                    failures.push(format!(
+                        "{label}: worker's {n} samples on threads {names:?}, expected {expected:?}"
+                    ));
+                }
+            }
+            "native" => {
+                let is_zlib = |f: &Frame| {
+                    f.kind.as_deref() == Some("native")
+                        && (f.mapping.as_deref().is_some_and(|m| m.contains("libz"))
+                            || f.function.starts_with("deflate"))
+                };
+                let caller = count_where(&samples, |s| s.contains("JvmSplit.compress"));
+                let under = count_where(&samples, |s| {
+                    let c_code = s.stack.iter().position(is_zlib);
+                    let deflater = s.stack.iter().position(|f| {
+                        is_jvm(f) && f.function.starts_with("java.util.zip.Deflater.")
+                    });
+                    let compress = position(s, "JvmSplit.compress");
+                    matches!((c_code, deflater, compress), (Some(c), Some(d), Some(p)) if c < d && d <= p)
+                });
+                println!(
+                    "{TEST}: {label}: compress {caller} samples, {under} with zlib's C code under \
+                     java.util.zip.Deflater under compress ({:.1}%)",
+                    pct(under, caller)
+                );
+                if caller < 200 || pct(under, caller) < 50.0 {
+                    let example = samples
+                        .iter()
+                        .find(|s| s.stack.iter().any(is_zlib))
+                        .map(|s| s.names())
+                        .unwrap_or_default();
+                    failures.push(format!(
+                        "{label}: zlib's frames must sit under Deflater and compress: \
+                         {under} of {caller}; e.g. {example:?}"
+                    ));
+                }
+            }
+            _ => {
+                let late = count_where(&samples, |s| s.contains("JvmSplit$Late.spin"));
+                println!("{TEST}: {label}: {late} samples in JvmSplit$Late.spin");
+                if late < 100 {
+                    failures.push(format!(
+                        "{label}: the late class's method got {late} samples"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}
+
+fn position(sample: &DecodedSample, name: &str) -> Option<usize> {
+    sample.stack.iter().position(|f| f.function == name)
+}
