@@ -16,6 +16,7 @@ use icecore_unwinders::{
     hotspot::{CodeHeapRange, HOTSPOT, HotSpotProcess, MAX_CODE_HEAPS, word},
     runtime::PAYLOAD_MASK,
 };
+use lru::LruCache;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -29,9 +30,9 @@ use crate::{
     runtimes::{
         Attachment, RuntimeCode, RuntimeDescriptor, RuntimePlugin, RuntimeStats,
         memory::{LazyMemory, ProcessMemory},
-        object_cache::ObjectCache,
+        object_cache::{ObjectCache, lru},
         registry::HOTSPOT_RUNTIME,
-        services::{FileProbes, ProcessMap},
+        services::{FileProbes, ProcessMap, remove_where},
     },
     symbolize::Symbolizer,
 };
@@ -46,6 +47,9 @@ const METHOD_CACHE: usize = 65_536;
 /// frees nmethods (and unloads classes) and places new ones at their
 /// addresses; a changed compile ID or name then replaces the old one.
 const REREAD_AFTER: Duration = Duration::from_secs(10);
+/// How often a cached nmethod's compile ID is compared with the JVM's, at
+/// most, while it is sampled.
+const IDENTITY_CHECK: Duration = Duration::from_millis(200);
 /// A JVM whose code cache does not exist yet is tried again this often.
 const DESCRIBE_RETRY: Duration = Duration::from_millis(250);
 /// And given up on after this long.
@@ -105,6 +109,9 @@ pub struct HotSpotPlugin {
     binaries: FileProbes<JvmBinary>,
     processes: HashMap<u32, JvmInstance>,
     blobs: ObjectCache<BlobInfo>,
+    /// When each cached nmethod's compile ID was last compared with the
+    /// JVM's.
+    checked: LruCache<(u32, u64), Instant>,
     methods: ObjectCache<JavaMethod>,
     stats: RuntimeStats,
 }
@@ -117,6 +124,7 @@ impl HotSpotPlugin {
             binaries: FileProbes::new(BINARY_CACHE),
             processes: HashMap::new(),
             blobs: ObjectCache::new(BLOB_CACHE, REREAD_AFTER),
+            checked: lru(BLOB_CACHE),
             methods: ObjectCache::new(METHOD_CACHE, REREAD_AFTER),
             stats: RuntimeStats::default(),
         }
@@ -204,7 +212,9 @@ impl HotSpotPlugin {
     /// The blob at `blob` (an address BPF reported), read once (`fresh`:
     /// again if old, while the JVM surely runs).
     fn blob(&mut self, pid: u32, blob: u64, fresh: bool) -> Option<Arc<BlobInfo>> {
-        if let Some(known) = self.blobs.cached(pid, blob, fresh) {
+        if let Some(known) = self.blobs.cached(pid, blob, fresh)
+            && !(fresh && self.replaced(pid, blob, known.as_deref()))
+        {
             return known;
         }
         let layout = self.layout(pid)?;
@@ -223,6 +233,33 @@ impl HotSpotPlugin {
         });
         self.blobs.store(pid, blob, info.clone());
         info
+    }
+
+    /// Whether the nmethod `known` read at `blob` was freed and another
+    /// placed there since (its compile ID differs). Checked at most every
+    /// [`IDENTITY_CHECK`] per blob: a reused address is renamed within that.
+    fn replaced(&mut self, pid: u32, blob: u64, known: Option<&BlobInfo>) -> bool {
+        let Some(compile_id) = known.and_then(|i| i.nmethod.as_ref()).map(|n| n.compile_id) else {
+            return false;
+        };
+        if self
+            .checked
+            .get(&(pid, blob))
+            .is_some_and(|at| at.elapsed() < IDENTITY_CHECK)
+        {
+            return false;
+        }
+        self.checked.put((pid, blob), Instant::now());
+        let Some(layout) = self.layout(pid) else {
+            return false;
+        };
+        let now = self
+            .processes
+            .get_mut(&pid)
+            .and_then(|p| p.memory.get())
+            .and_then(|m| m.read_u32(blob + layout.nmethod.compile_id).ok());
+        // Unreadable: the process is going; keep what was read.
+        now.is_some_and(|id| id != compile_id)
     }
 
     /// The method at `method`, read once (`fresh` as for blobs).
@@ -438,6 +475,34 @@ fn stub_frame(name: &str) -> Arc<Frame> {
     })
 }
 
+#[cfg(test)]
+impl HotSpotPlugin {
+    /// Makes the cached nmethod at `blob` look like another one (its
+    /// method `method`, another compile ID), as if the address had held it
+    /// before: what a freed and reused code-cache address looks like.
+    pub(crate) fn pretend_blob_held_another(&mut self, pid: u32, blob: u64, method: u64) {
+        let Some(Some(info)) = self.blobs.cached(pid, blob, false) else {
+            return;
+        };
+        let Some(nmethod) = &info.nmethod else {
+            return;
+        };
+        let mut other = nmethod.clone();
+        other.compile_id = other.compile_id.wrapping_add(1);
+        // Every scope names `method` now.
+        for entry in &mut other.metadata {
+            *entry = method;
+        }
+        let stale = BlobInfo {
+            blob: info.blob.clone(),
+            nmethod: Some(other),
+            native_method: None,
+        };
+        self.blobs.store(pid, blob, Some(Arc::new(stale)));
+        self.checked.pop(&(pid, blob));
+    }
+}
+
 impl RuntimePlugin for HotSpotPlugin {
     fn descriptor(&self) -> &'static RuntimeDescriptor {
         &HOTSPOT_RUNTIME
@@ -473,6 +538,7 @@ impl RuntimePlugin for HotSpotPlugin {
         }
         self.map.remove(pid);
         self.blobs.forget_process(pid);
+        remove_where(&mut self.checked, |k| k.0 == pid);
         self.methods.forget_process(pid);
     }
 

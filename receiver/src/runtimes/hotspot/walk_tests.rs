@@ -201,6 +201,49 @@ fn the_code_cache_and_inlined_methods_of_live_jvms_are_read() {
                 assert_eq!(*line, 11, "mid calls leaf on line 11");
             }
         }
+        // The plugin names the same place from the words BPF writes, and a
+        // cached nmethod that another replaced at its address is renamed
+        // at the next sample.
+        {
+            use icecore_unwinders::hotspot::{HOTSPOT, word};
+
+            use crate::runtimes::{RuntimePlugin, services::MemoryProcessMap};
+            let mut plugin =
+                super::plugin::HotSpotPlugin::new(Box::new(MemoryProcessMap::default()));
+            assert!(
+                plugin
+                    .attach(pid, &mappings)
+                    .is_some_and(|a| !a.code.is_empty())
+            );
+            let words = [
+                HOTSPOT.tags.word(word::COMPILED, blob.address),
+                HOTSPOT
+                    .tags
+                    .word(word::PC, blob.code_begin + u64::from(pc_offset)),
+            ];
+            let names = |plugin: &mut super::plugin::HotSpotPlugin| -> Vec<String> {
+                plugin.frames(pid, &words)[0][0]
+                    .lines
+                    .iter()
+                    .map(|l| l.function_name.to_string())
+                    .collect()
+            };
+            let expected: Vec<String> = named.iter().map(|n| n.0.clone()).collect();
+            assert_eq!(names(&mut plugin), expected, "{java:?}");
+            let own = cache.nmethod(&blob).map(|n| n.metadata).unwrap_or_default();
+            plugin.pretend_blob_held_another(
+                pid,
+                blob.address,
+                other_method(&cache, &nmethods, &own),
+            );
+            assert_ne!(names(&mut plugin), expected, "batch time never re-reads");
+            plugin.observe(pid, &words);
+            assert_eq!(
+                names(&mut plugin),
+                expected,
+                "{java:?}: a sample re-reads a replaced nmethod"
+            );
+        }
         // The segment map leads back to the blob from inside its code.
         let inside = blob.code_begin + u64::from(pc_offset);
         assert_eq!(cache.blob_at(inside).map(|b| b.address), Some(blob.address));
@@ -217,4 +260,14 @@ fn the_code_cache_and_inlined_methods_of_live_jvms_are_read() {
         );
         drop(child);
     }
+}
+
+/// A compiled method none of `own` (the metadata of the nmethod tested).
+fn other_method(cache: &CodeCache<'_>, nmethods: &[&super::code_cache::Blob], own: &[u64]) -> u64 {
+    nmethods
+        .iter()
+        .filter_map(|b| cache.nmethod(b))
+        .map(|n| n.method)
+        .find(|m| *m != 0 && !own.contains(m))
+        .expect("another nmethod")
 }
