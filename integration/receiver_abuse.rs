@@ -65,7 +65,7 @@ impl Relay {
             s("--otlp-listen-bearer-token-file"),
             s(token_file.display()),
         ]);
-        let icecore = Icecore::spawn(&args, target.dir());
+        let mut icecore = Icecore::spawn(&args, target.dir());
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(listen).is_err() {
             assert!(
@@ -74,6 +74,10 @@ impl Relay {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        // The port is bound before the BPF programs load (a taken port is
+        // reported at once); requests are served once sampling started.
+        // What follows measures the receiver, not the start-up.
+        icecore.wait_for_log("receiving OTLP profiles", Duration::from_secs(30));
         Relay {
             icecore,
             listen,
