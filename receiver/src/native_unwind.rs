@@ -423,6 +423,11 @@ impl NativeUnwindInfo {
         described
     }
 
+    /// Whether BPF holds a mapping table for `pid`.
+    pub fn describes(&self, pid: u32) -> bool {
+        self.maps.has_process(pid)
+    }
+
     /// Frees everything BPF holds for a process that exited or exec'd.
     pub fn forget_process(&mut self, pid: u32) {
         self.maps.remove_process(pid);

@@ -259,6 +259,15 @@ impl ProcessMappings {
         code.contains(addr).then_some(code)
     }
 
+    /// Whether `addr` lies in executable memory as these mappings know it: a
+    /// file mapped executable or anonymous code. A sampled PC or return
+    /// address outside it means the mappings are stale, even where a
+    /// non-executable mapping covers it: the dynamic loader first maps a
+    /// library's whole span read-only, then maps its text over that.
+    pub fn covers_code(&self, addr: u64) -> bool {
+        self.find(addr).is_some_and(|m| m.executable) || self.find_anonymous_code(addr).is_some()
+    }
+
     /// The executable anonymous mappings (JIT code), sorted by start address.
     pub fn anonymous_code(&self) -> &[AnonymousCode] {
         &self.anonymous_code
@@ -509,6 +518,30 @@ mod tests {
 7ffd6b5fe000-7ffd6b600000 r-xp 00000000 00:00 0                          [vdso]
 ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
 ";
+
+    #[test]
+    fn code_is_only_where_mappings_are_executable() {
+        // Mid-dlopen: the library's whole span is mapped read-only; its
+        // text is mapped over that a moment later.
+        let loading = "\
+7f2a3d600000-7f2a3d605000 r--p 00000000 fd:01 42                         /tmp/libwork.so
+7f2a3d700000-7f2a3d701000 r-xp 00000000 00:00 0                          [anon:jit]
+";
+        let loaded = "\
+7f2a3d600000-7f2a3d601000 r--p 00000000 fd:01 42                         /tmp/libwork.so
+7f2a3d601000-7f2a3d602000 r-xp 00001000 fd:01 42                         /tmp/libwork.so
+7f2a3d602000-7f2a3d605000 r--p 00002000 fd:01 42                         /tmp/libwork.so
+";
+        let text_pc = 0x7f2a3d601234;
+        let loading = ProcessMappings::parse(loading).unwrap();
+        assert!(loading.find(text_pc).is_some());
+        assert!(!loading.covers_code(text_pc));
+        assert!(loading.covers_code(0x7f2a3d700010));
+        assert!(!loading.covers_code(0x7f2a3d800000));
+        let loaded = ProcessMappings::parse(loaded).unwrap();
+        assert!(loaded.covers_code(text_pc));
+        assert!(!loaded.covers_code(0x7f2a3d600010));
+    }
 
     #[test]
     fn parses_realistic_maps() {

@@ -348,8 +348,9 @@ impl ProcessTable {
         }
     }
 
-    /// Re-reads the maps of `pid` when some of `addresses` fall outside every
-    /// known mapping (rate-limited per process after the first re-read).
+    /// Re-reads the maps of `pid` when some of `addresses` fall outside its
+    /// known executable memory (rate-limited per process after the first
+    /// re-read).
     /// Returns whether they changed.
     pub fn refresh_if_unmapped(
         &mut self,
@@ -365,9 +366,10 @@ impl ProcessTable {
         {
             return false;
         }
-        if addresses.into_iter().all(|a| {
-            process.mappings.find(a).is_some() || process.mappings.find_anonymous_code(a).is_some()
-        }) {
+        if addresses
+            .into_iter()
+            .all(|a| process.mappings.covers_code(a))
+        {
             return false;
         }
         process.last_refresh = Some(Instant::now());

@@ -349,6 +349,11 @@ impl UnwindMaps {
         Ok(())
     }
 
+    /// Whether `pid` has a mapping table.
+    pub fn has_process(&self, pid: u32) -> bool {
+        self.process_slots.contains_key(&pid)
+    }
+
     /// Removes a process's mapping table; a missing one is not an error.
     pub fn remove_process(&mut self, pid: u32) {
         let Some(slot) = self.process_slots.remove(&pid) else {

@@ -148,10 +148,11 @@ pub fn wait_described_in_bpf(
         assert!(
             Instant::now() < deadline,
             "{} of pid {pid} has no unwind table in BPF after {timeout:?}: /proc maps {:x?}, \
-             BPF mapping table {:x?}\n{}",
+             BPF mapping table {:x?} (pids with one: {:?})\n{}",
             file.display(),
             bpf_maps::exec_mappings(pid, file),
             maps.mappings_of(pid),
+            maps.pids(),
             logs()
         );
         std::thread::sleep(Duration::from_millis(10));

@@ -57,10 +57,13 @@ pub(super) fn apply_lifecycle(
         }
         Lifecycle::Unknown { pid } => {
             let (process, learned) = processes.get_or_learn(pid, "");
-            // Described already: BPF learns it from that description (the
-            // report was sent before it took effect), or the description
-            // failed and was counted; either way, not again on every report.
-            if process.described {
+            // Described already and BPF holds its table: the report was sent
+            // before the description took effect. Described but absent from
+            // BPF (its description was refused and counted, or dropped as
+            // that of a process that looked gone): described again, at most
+            // as often as BPF reports it.
+            let in_bpf = native.as_ref().is_none_or(|n| n.describes(pid));
+            if process.described && in_bpf {
                 return;
             }
             if learned {
