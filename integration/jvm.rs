@@ -45,11 +45,11 @@ const WARM_UP: Duration = Duration::from_secs(4);
 const SPLIT: [(&str, f64); 3] = [("alpha", 50.0), ("beta", 30.0), ("gamma", 20.0)];
 const TOLERANCE_PP: f64 = 5.0;
 /// The lines of `JvmSplit.leaf`'s body.
-const LEAF_LINES: std::ops::RangeInclusive<i64> = 37..=44;
+const LEAF_LINES: std::ops::RangeInclusive<i64> = 40..=47;
 /// The line of `JvmSplit.step`'s body.
-const STEP_LINE: i64 = 33;
+const STEP_LINE: i64 = 36;
 /// The line of `JvmSplit.cpu`'s body (its call to the thread MX bean).
-const CPU_LINE: i64 = 29;
+const CPU_LINE: i64 = 32;
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
@@ -392,6 +392,79 @@ fn jni_code_thread_pools_and_late_classes_are_attributed() {
                     ));
                 }
             }
+        }
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}
+
+/// A method called in a loop and never inlined spends much of its time
+/// building and tearing down its frame, where its frame size does not hold
+/// yet or any more: the sampled frame is unwound from what its prologue or
+/// epilogue instruction says, and its caller follows on every JDK.
+#[test]
+fn frames_sampled_in_prologues_and_epilogues_reach_their_callers() {
+    const TEST: &str = "frames_sampled_in_prologues_and_epilogues_reach_their_callers";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let found = jdks();
+    assert!(!found.is_empty(), "{TEST}: no JDK on this machine");
+    let classes_dir = tmp();
+    let classes = compile_fixture(classes_dir.path());
+    // Not inlined, so that it has a prologue and an epilogue of its own.
+    let options = [
+        "-XX:CompileCommand=quiet",
+        "-XX:CompileCommand=dontinline,JvmSplit::tiny",
+    ];
+    let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
+    let mut fixtures: Vec<(Jdk, Child)> = found
+        .iter()
+        .map(|jdk| {
+            let child = spawn_fixture(jdk, &classes, "calls", FIXTURE_SECS / 2, None, &options);
+            (jdk.clone(), child)
+        })
+        .collect();
+    sleep(Duration::from_secs(3));
+    let from = now_unix_nanos();
+    let pids: Vec<u32> = fixtures.iter().map(|(_, c)| c.id()).collect();
+    wait_all(&mut fixtures);
+    finish(&mut run);
+    let received = run.otlp_of(pids[0]);
+
+    let mut failures = Vec::new();
+    for ((jdk, _), &pid) in fixtures.iter().zip(&pids) {
+        let label = &jdk.label;
+        let (samples, _) = of_pid_since(&received.samples, pid, from);
+        let in_tiny =
+            |s: &DecodedSample| s.user_leaf().is_some_and(|f| f.function == "JvmSplit.tiny");
+        let leaves = count_where(&samples, in_tiny);
+        let whole = count_where(&samples, |s| {
+            in_tiny(s)
+                && position(s, "JvmSplit.calls").is_some()
+                && s.stack
+                    .iter()
+                    .any(|f| f.function.starts_with("JavaCalls::call_helper"))
+        });
+        println!(
+            "{TEST}: {label}: {leaves} samples with their leaf in JvmSplit.tiny, {whole} ({:.1}%) \
+             of them through JvmSplit.calls to JavaCalls::call_helper",
+            pct(whole, leaves)
+        );
+        if leaves < 200 || pct(whole, leaves) < 99.0 {
+            let example = samples
+                .iter()
+                .find(|s| in_tiny(s) && position(s, "JvmSplit.calls").is_none())
+                .map(|s| {
+                    s.stack
+                        .iter()
+                        .map(|f| format!("{}@{:#x}", f.function, f.address))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            failures.push(format!(
+                "{label}: {whole} of {leaves} samples in tiny reach their callers; e.g. {example:?}"
+            ));
         }
     }
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));

@@ -106,11 +106,22 @@ pub struct HotSpotProcess {
     pub method_slot: u8,
     /// The interpreter frame's bytecode-pointer slot below `fp` (7 in JDK 8, 8 after).
     pub bcp_slot: u8,
+    /// 1 when `blob_code_begin` is an int offset from the blob (JDK 8,
+    /// 23+), 0 when it is a pointer field (JDK 9–22).
+    pub code_begin_is_offset: u8,
+    /// The width of `CodeBlob::_frame_complete_offset`: 4 (int), or 2
+    /// (int16_t, JDK 23+).
+    pub frame_complete_bytes: u8,
+    /// `CodeBlob::_code_begin` (pointer) or `CodeBlob::_code_offset` (int).
+    pub blob_code_begin: u16,
+    /// `CodeBlob::_frame_complete_offset` (bytes from the code's start):
+    /// before it, a compiled method's frame is not built yet.
+    pub blob_frame_complete: u16,
     /// Zero.
-    pub reserved: [u8; 2],
+    pub reserved2: [u8; 4],
 }
 
-const _: () = assert!(core::mem::size_of::<HotSpotProcess>() == 128);
+const _: () = assert!(core::mem::size_of::<HotSpotProcess>() == 136);
 
 /// HotSpot's state area between tail calls.
 #[repr(C)]
@@ -254,9 +265,43 @@ impl HotSpotProcess {
             return HotSpotStep::ReadFailed;
         };
         // The int at `blob_frame_size` within its aligned word.
-        let frame_size = (frame_size >> ((u64::from(self.blob_frame_size) & 4) * 8)) as u32 as i32;
+        let frame_size = int_in_word(frame_size, u64::from(self.blob_frame_size));
         if frame_size > 0 && (frame_size as u64) < MAX_FRAME_WORDS {
-            let sender_sp = sp.wrapping_add(8 * frame_size as u64);
+            let compiled = HotSpotStep::Compiled {
+                blob_word: HOTSPOT.tags.word(word::COMPILED, blob),
+                pc_word: HOTSPOT
+                    .tags
+                    .word(if top { word::TOP_PC } else { word::PC }, pc),
+            };
+            // Only the sampled frame can be caught building or tearing
+            // down its frame: every caller is stopped at a call.
+            let unbuilt = if top {
+                self.unbuilt_frame(blob, regs, memory)
+            } else {
+                None
+            };
+            let sender_sp = match unbuilt {
+                Some(Unbuilt::ReturnAtSp) => {
+                    let Some(ret) = memory.read_u64(sp) else {
+                        return HotSpotStep::ReadFailed;
+                    };
+                    regs.ip = ret;
+                    regs.sp = sp.wrapping_add(8);
+                    return compiled;
+                }
+                // The caller's fp at sp, the return address above it.
+                Some(Unbuilt::SavedFpAtSp) => sp.wrapping_add(16),
+                Some(Unbuilt::FpNotSaved) => {
+                    let sender_sp = sp.wrapping_add(8 * frame_size as u64);
+                    let Some(ret) = memory.read_u64(sender_sp.wrapping_sub(8)) else {
+                        return HotSpotStep::ReadFailed;
+                    };
+                    regs.ip = ret;
+                    regs.sp = sender_sp;
+                    return compiled;
+                }
+                None => sp.wrapping_add(8 * frame_size as u64),
+            };
             let (Some(saved_fp), Some(ret)) = (
                 memory.read_u64(sender_sp.wrapping_sub(16)),
                 memory.read_u64(sender_sp.wrapping_sub(8)),
@@ -266,11 +311,7 @@ impl HotSpotProcess {
             regs.ip = ret;
             regs.sp = sender_sp;
             regs.bp = saved_fp;
-            let tag = if top { word::TOP_PC } else { word::PC };
-            return HotSpotStep::Compiled {
-                blob_word: HOTSPOT.tags.word(word::COMPILED, blob),
-                pc_word: HOTSPOT.tags.word(tag, pc),
-            };
+            return compiled;
         }
         // A stub: an rbp frame when rbp points just above sp, else none
         // (its return address is at sp).
@@ -284,6 +325,58 @@ impl HotSpotProcess {
         regs.ip = ret;
         regs.sp = sp.wrapping_add(8);
         stub
+    }
+
+    /// Whether the sampled compiled frame at `regs` is not (or no longer)
+    /// the frame its blob's frame size describes: in the prologue, before
+    /// `_frame_complete_offset` (which either banged the stack, then
+    /// `push rbp; sub rsp, N`, or did `sub rsp, N; mov [rsp + N], rbp`),
+    /// or in the epilogue, after `add rsp` (see [`epilogue_state`]). `None` when it is built, or when what tells is
+    /// unreadable (the frame size is the better guess then).
+    #[inline(always)]
+    pub fn unbuilt_frame<M: MemoryReader>(
+        &self,
+        blob: u64,
+        regs: &Registers,
+        memory: &mut M,
+    ) -> Option<Unbuilt> {
+        let field = |offset: u16| blob.wrapping_add(u64::from(offset));
+        let begin_field = field(self.blob_code_begin);
+        let code_begin = if self.code_begin_is_offset != 0 {
+            let offset = int_in_word(memory.read_u64(begin_field & !7)?, begin_field);
+            blob.wrapping_add(offset as i64 as u64)
+        } else {
+            memory.read_u64(begin_field)?
+        };
+        let complete_field = field(self.blob_frame_complete);
+        let complete_word = memory.read_u64(complete_field & !7)?;
+        let complete = if self.frame_complete_bytes == 2 {
+            (complete_word >> ((complete_field & 6) * 8)) as u16 as i16 as i32
+        } else {
+            int_in_word(complete_word, complete_field)
+        };
+        let pc = regs.ip;
+        let code = memory.read_words::<2>(pc)?;
+        if complete > 0 && pc >= code_begin && pc - code_begin < complete as u64 {
+            if prologue_stores_fp(code) {
+                return Some(Unbuilt::FpNotSaved);
+            }
+            // `push rbp` stores the caller's fp, which rbp still holds
+            // (compiled code does not keep a frame pointer of its own).
+            let at_sp = memory.read_u64(regs.sp)?;
+            if at_sp == regs.bp {
+                return Some(Unbuilt::SavedFpAtSp);
+            }
+            // Before it, sp holds the return address, into the code cache:
+            // compiled Java code is called from Java code, an adapter or
+            // the call stub. Otherwise the frame is built already (JDK 21+
+            // check their nmethod entry barrier before the frame counts as
+            // complete).
+            return self
+                .in_code_cache(at_sp.wrapping_sub(1))
+                .then_some(Unbuilt::ReturnAtSp);
+        }
+        epilogue_state(code)
     }
 
     /// Unwinds an `rbp` frame, reporting `outcome`.
@@ -305,6 +398,117 @@ impl HotSpotProcess {
         regs.bp = saved_fp;
         outcome
     }
+}
+
+/// The int at byte `at`'s offset within `word`, the aligned word holding it.
+#[inline(always)]
+fn int_in_word(word: u64, at: u64) -> i32 {
+    (word >> ((at & 4) * 8)) as u32 as i32
+}
+
+/// Where a compiled frame caught mid-prologue or mid-epilogue keeps its
+/// caller's registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unbuilt {
+    /// The return address is at `sp`; `rbp` is the caller's.
+    ReturnAtSp,
+    /// The caller's `rbp` is at `sp`, the return address above it.
+    SavedFpAtSp,
+    /// The frame is allocated (`sub rsp, N`) but the caller's `rbp`, which
+    /// `rbp` still holds, is not stored in it yet.
+    FpNotSaved,
+}
+
+/// Prefix of `mov [rsp + disp8], rbp`, with which a prologue that does not
+/// bang the stack saves the caller's fp after `sub rsp, N`.
+const STORE_FP: [u8; 4] = [0x48, 0x89, 0x6c, 0x24];
+/// The same with a 32-bit displacement.
+const STORE_FP_32: [u8; 4] = [0x48, 0x89, 0xac, 0x24];
+/// Prefix of `cmp rsp, [r15 + disp8]`, the thread-local return poll (JDK 16+).
+const POLL_CMP: [u8; 3] = [0x49, 0x3b, 0x67];
+/// The same with a 32-bit displacement.
+const POLL_CMP_32: [u8; 3] = [0x49, 0x3b, 0xa7];
+/// Prefix of `ja rel32`, which follows it.
+const POLL_JA: [u8; 2] = [0x0f, 0x87];
+/// Prefix of `mov r10, [r15 + disp8]`, loading the polling page (JDK 10–15).
+const POLL_LOAD: [u8; 3] = [0x4d, 0x8b, 0x57];
+/// The same with a 32-bit displacement.
+const POLL_LOAD_32: [u8; 3] = [0x4d, 0x8b, 0x97];
+/// `test [r10], eax`, touching it.
+const POLL_TEST: [u8; 3] = [0x41, 0x85, 0x02];
+/// Prefix of `test [rip + disp32], eax`, the global polling page (JDK 8–9).
+const POLL_GLOBAL: [u8; 2] = [0x85, 0x05];
+const POP_RBP: u8 = 0x5d;
+const RET: u8 = 0xc3;
+
+/// Reads a compiled method's epilogue from the instruction at the sampled
+/// PC (`code`: 16 bytes from it, as two little-endian words). HotSpot's
+/// x86-64 compilers end a method with `add rsp, N; pop rbp`, then the
+/// return poll (`cmp rsp, [r15 + …]; ja …`, or JDK 10–15's `mov r10,
+/// [r15 + …]; test [r10], eax`, or JDK 8's `test [rip + …], eax`), then
+/// `ret`: at `pop rbp` the caller's fp is at `sp`; past it, only poll
+/// instructions lead to the `ret`, and the return address is at `sp`. Any
+/// other instruction runs inside the built frame.
+#[inline(always)]
+pub fn epilogue_state(code: [u64; 2]) -> Option<Unbuilt> {
+    match byte_at(code, 0) {
+        Some(POP_RBP) => return Some(Unbuilt::SavedFpAtSp),
+        Some(RET) => return Some(Unbuilt::ReturnAtSp),
+        _ => {}
+    }
+    // At most three poll instructions (cmp, ja; or mov, test) before the ret.
+    let mut at = 0u64;
+    for _ in 0..3 {
+        let length = if starts_with(code, at, &POLL_CMP) || starts_with(code, at, &POLL_LOAD) {
+            4
+        } else if starts_with(code, at, &POLL_CMP_32) || starts_with(code, at, &POLL_LOAD_32) {
+            7
+        } else if starts_with(code, at, &POLL_TEST) {
+            3
+        } else if starts_with(code, at, &POLL_JA) || starts_with(code, at, &POLL_GLOBAL) {
+            6
+        } else {
+            return None;
+        };
+        at += length;
+        if byte_at(code, at) == Some(RET) {
+            return Some(Unbuilt::ReturnAtSp);
+        }
+    }
+    None
+}
+
+/// Whether the instruction at the sampled PC (`code`, as for
+/// [`epilogue_state`]) is the prologue's `mov [rsp + N], rbp`.
+#[inline(always)]
+pub fn prologue_stores_fp(code: [u64; 2]) -> bool {
+    starts_with(code, 0, &STORE_FP) || starts_with(code, 0, &STORE_FP_32)
+}
+
+/// Byte `at` of `code` (little-endian words), computed on values rather
+/// than indexed: the BPF verifier refuses the pointer arithmetic an
+/// indexed stack array compiles to.
+#[inline(always)]
+fn byte_at(code: [u64; 2], at: u64) -> Option<u8> {
+    let [low, high] = code;
+    match at {
+        0..8 => Some((low >> (at * 8)) as u8),
+        8..16 => Some((high >> ((at - 8) * 8)) as u8),
+        _ => None,
+    }
+}
+
+/// Whether the bytes of `code` from `at` start with `pattern`.
+#[inline(always)]
+fn starts_with<const N: usize>(code: [u64; 2], at: u64, pattern: &[u8; N]) -> bool {
+    let mut i = 0;
+    while i < N {
+        if byte_at(code, at + i as u64) != Some(pattern[i]) {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 #[cfg(test)]

@@ -30,7 +30,11 @@ fn process() -> HotSpotProcess {
         blob_frame_size: 28,
         method_slot: 3,
         bcp_slot: 8,
-        reserved: [0; 2],
+        code_begin_is_offset: 0,
+        frame_complete_bytes: 4,
+        blob_code_begin: 8,
+        blob_frame_complete: 32,
+        reserved2: [0; 4],
     }
 }
 
@@ -196,4 +200,152 @@ fn stubs_unwind_through_rbp_or_their_return_address_and_holes_are_unknown() {
         bp: 0,
     };
     assert_eq!(p.step(&mut regs, true, &mut m), HotSpotStep::Unknown);
+}
+
+/// Bytes as the two little-endian words that hold them (zero-padded).
+fn code(bytes: &[u8]) -> [u64; 2] {
+    let mut padded = [0u8; 16];
+    padded[..bytes.len()].copy_from_slice(bytes);
+    let word = |i: usize| u64::from_le_bytes(padded[i * 8..i * 8 + 8].try_into().unwrap());
+    [word(0), word(1)]
+}
+
+#[test]
+fn epilogues_are_read_from_their_instructions() {
+    use Unbuilt::*;
+    // JDK 17: add rsp (frame built), pop rbp, cmp rsp,[r15+0x28], ja, ret.
+    let jdk17 = [
+        0x48, 0x83, 0xc4, 0x20, 0x5d, 0x49, 0x3b, 0x67, 0x28, 0x0f, 0x87, 1, 2, 3, 4, 0xc3,
+    ];
+    assert_eq!(epilogue_state(code(&jdk17[..])), None);
+    assert_eq!(epilogue_state(code(&jdk17[4..])), Some(SavedFpAtSp));
+    assert_eq!(epilogue_state(code(&jdk17[5..])), Some(ReturnAtSp));
+    assert_eq!(epilogue_state(code(&jdk17[9..])), Some(ReturnAtSp));
+    assert_eq!(epilogue_state(code(&jdk17[15..])), Some(ReturnAtSp));
+    // OpenJDK 17 as read from a live C2 nmethod: the poll with a 32-bit
+    // displacement (`cmp rsp, [r15 + 0x340]`).
+    let live17 = [
+        0x5d, 0x49, 0x3b, 0xa7, 0x40, 0x03, 0, 0, 0x0f, 0x87, 1, 0, 0, 0, 0xc3,
+    ];
+    assert_eq!(epilogue_state(code(&live17)), Some(SavedFpAtSp));
+    assert_eq!(epilogue_state(code(&live17[1..])), Some(ReturnAtSp));
+    assert_eq!(epilogue_state(code(&live17[8..])), Some(ReturnAtSp));
+    let jdk11_far = [0x4d, 0x8b, 0x97, 0x08, 0x01, 0, 0, 0x41, 0x85, 0x02, 0xc3];
+    assert_eq!(epilogue_state(code(&jdk11_far)), Some(ReturnAtSp));
+    // JDK 11: mov r10,[r15+0x70]; test [r10],eax; ret.
+    let jdk11 = [0x4d, 0x8b, 0x57, 0x70, 0x41, 0x85, 0x02, 0xc3];
+    assert_eq!(epilogue_state(code(&jdk11)), Some(ReturnAtSp));
+    assert_eq!(epilogue_state(code(&jdk11[4..])), Some(ReturnAtSp));
+    // JDK 8: test [rip+disp32],eax; ret.
+    let jdk8 = [0x85, 0x05, 1, 2, 3, 4, 0xc3];
+    assert_eq!(epilogue_state(code(&jdk8)), Some(ReturnAtSp));
+    // A poll that is not followed by ret is a loop's safepoint poll: the
+    // frame is built.
+    let loop_poll = [0x4d, 0x8b, 0x57, 0x70, 0x41, 0x85, 0x02, 0xeb, 0xf0];
+    assert_eq!(epilogue_state(code(&loop_poll)), None);
+    assert_eq!(epilogue_state(code(&[0x90, 0xc3])), None);
+}
+
+#[test]
+fn a_sampled_frame_in_its_prologue_or_epilogue_unwinds_from_sp() {
+    let p = process();
+    let mut m = Image::default();
+    let compiled = blob(&mut m, 0x400, 4, 6);
+    let code_begin = compiled + 0x40;
+    m.put(compiled + 8, code_begin);
+    // _frame_complete_offset 0x10: the low half of the word at 32.
+    m.put(compiled + 32, 0x10);
+    let stack = 0x7ffd_0000_1000u64;
+    let caller_fp = 0x7ffd_0000_8000u64;
+    // Compiled code returns into Java code: here, the interpreter.
+    let ret = INTERP + 0x777;
+    let frame = |m: &mut Image, pc: u64, at_sp: &[u64]| {
+        for (i, &w) in at_sp.iter().enumerate() {
+            m.put(stack + 8 * i as u64, w);
+        }
+        let mut regs = Registers {
+            ip: pc,
+            sp: stack,
+            bp: caller_fp,
+        };
+        let step = p.step(&mut regs, true, m);
+        assert!(matches!(step, HotSpotStep::Compiled { .. }), "{step:?}");
+        regs
+    };
+    // Instructions at the prologue's PCs that are not `mov [rsp + N], rbp`.
+    for pc in [code_begin + 5, code_begin + 6] {
+        m.put(pc, 0x9090_9090_9090_9090);
+        m.put(pc + 8, 0x9090_9090_9090_9090);
+    }
+    // Before `push rbp`: the return address is at sp.
+    assert_eq!(
+        frame(&mut m, code_begin + 5, &[ret]),
+        Registers {
+            ip: ret,
+            sp: stack + 8,
+            bp: caller_fp
+        }
+    );
+    // After it: the caller's fp at sp.
+    assert_eq!(
+        frame(&mut m, code_begin + 6, &[caller_fp, ret]),
+        Registers {
+            ip: ret,
+            sp: stack + 16,
+            bp: caller_fp
+        }
+    );
+    // Still before frame-complete, at JDK 21's nmethod entry barrier: the
+    // frame is built, sp holds a spill slot rather than a return address.
+    assert_eq!(
+        frame(&mut m, code_begin + 6, &[0x1234, 7, 7, 7, caller_fp, ret]),
+        Registers {
+            ip: ret,
+            sp: stack + 48,
+            bp: caller_fp
+        }
+    );
+    // A prologue without stack bang: `sub rsp, 0x20` done, then
+    // `mov [rsp + 0x20], rbp` not yet: the frame size holds, rbp is the caller's.
+    let store = code_begin + 7;
+    m.put(
+        store,
+        u64::from_le_bytes([0x48, 0x89, 0x6c, 0x24, 0x20, 0x90, 0x90, 0x90]),
+    );
+    m.put(store + 8, 0x9090_9090_9090_9090);
+    assert_eq!(
+        frame(&mut m, store, &[7, 7, 7, 7, 0xdead, ret]),
+        Registers {
+            ip: ret,
+            sp: stack + 48,
+            bp: caller_fp
+        }
+    );
+    // In the epilogue, at `pop rbp` (rbp holds anything by then).
+    let pop = code_begin + 0x30;
+    m.put(
+        pop,
+        u64::from_le_bytes([0x5d, 0x49, 0x3b, 0x67, 0x28, 0x0f, 0x87, 1]),
+    );
+    m.put(pop + 8, u64::from_le_bytes([2, 3, 4, 0xc3, 0, 0, 0, 0]));
+    assert_eq!(
+        frame(&mut m, pop, &[caller_fp, ret]),
+        Registers {
+            ip: ret,
+            sp: stack + 16,
+            bp: caller_fp
+        }
+    );
+    // In the body, the frame size holds: 6 words, fp and return last.
+    let body = code_begin + 0x20;
+    m.put(body, 0x9090_9090_9090_9090);
+    m.put(body + 8, 0x9090_9090_9090_9090);
+    assert_eq!(
+        frame(&mut m, body, &[7, 7, 7, 7, caller_fp, ret]),
+        Registers {
+            ip: ret,
+            sp: stack + 48,
+            bp: caller_fp
+        }
+    );
 }

@@ -49,6 +49,8 @@ pub struct Blob {
     pub frame_size: i32,
     /// Where its instructions start.
     pub code_begin: u64,
+    /// Bytes from `code_begin` to where its frame is built (-1: never).
+    pub frame_complete: i32,
 }
 
 impl Blob {
@@ -191,12 +193,21 @@ impl<'a> CodeCache<'a> {
         let size = self.memory.read_u32(address + l.blob.size).ok()?;
         let frame_size = self.memory.read_u32(address + l.blob.frame_size).ok()? as i32;
         let code_begin = self.location(address, l.blob.code_begin)?;
+        let complete_at = address + l.blob.frame_complete;
+        let frame_complete = if l.blob.frame_complete_bytes == 2 {
+            let mut raw = [0u8; 2];
+            self.memory.read_exact(complete_at, &mut raw).ok()?;
+            i32::from(i16::from_le_bytes(raw))
+        } else {
+            self.memory.read_u32(complete_at).ok()? as i32
+        };
         Some(Blob {
             address,
             name,
             size,
             frame_size,
             code_begin,
+            frame_complete,
         })
     }
 

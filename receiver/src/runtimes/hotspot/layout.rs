@@ -72,6 +72,10 @@ pub struct BlobLayout {
     pub frame_size: u64,
     /// Where the code starts.
     pub code_begin: Location,
+    /// `_frame_complete_offset` (bytes from the code's start).
+    pub frame_complete: u64,
+    /// Its width: 4 (`int`), or 2 (`int16_t`, JDK 23+).
+    pub frame_complete_bytes: u8,
 }
 
 /// Where an nmethod's debug information is.
@@ -227,6 +231,16 @@ impl HotSpotLayout {
             size: vm.field("CodeBlob::_size")?,
             frame_size: vm.field("CodeBlob::_frame_size")?,
             code_begin,
+            frame_complete: vm.field("CodeBlob::_frame_complete_offset")?,
+            frame_complete_bytes: match vm.field_type("CodeBlob::_frame_complete_offset") {
+                None | Some("int" | "jint" | "int32_t") => 4,
+                Some("int16_t" | "short" | "jshort") => 2,
+                Some(other) => {
+                    return Err(VmStructsError::Unsupported(format!(
+                        "CodeBlob::_frame_complete_offset of type {other}"
+                    )));
+                }
+            },
         };
         // `CompiledMethod` (JDK 9–22) held what nmethod holds before and after.
         let nm = |name: &str| {

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use super::{
     code_cache::{Blob, CodeCache, NMethod},
     detect::{JvmBinary, inspect, is_jvm_name, major_version},
-    layout::HotSpotLayout,
+    layout::{HotSpotLayout, Location},
     names::{JavaMethod, Methods},
 };
 use crate::{
@@ -372,7 +372,7 @@ impl HotSpotPlugin {
 }
 
 /// What BPF needs of the JVM that loaded `binary` at `bias`.
-fn read_jvm(
+pub(super) fn read_jvm(
     binary: &JvmBinary,
     bias: u64,
     memory: &ProcessMemory,
@@ -424,6 +424,9 @@ fn read_jvm(
         )
     };
     let small = |v: u64, what: &str| u16::try_from(v).map_err(|_| format!("{what} at {v}"));
+    let code_begin_field = match layout.blob.code_begin {
+        Location::Pointer(field) | Location::Offset(field) => field,
+    };
     let process = HotSpotProcess {
         heaps,
         interpreter_low,
@@ -434,7 +437,14 @@ fn read_jvm(
         method_slot: METHOD_SLOT,
         // JDK 9 added the mirror slot above the bytecode pointer.
         bcp_slot: if layout.major <= 8 { 7 } else { 8 },
-        reserved: [0; 2],
+        code_begin_is_offset: u8::from(matches!(layout.blob.code_begin, Location::Offset(_))),
+        frame_complete_bytes: layout.blob.frame_complete_bytes,
+        blob_code_begin: small(code_begin_field, "CodeBlob::_code_begin")?,
+        blob_frame_complete: small(
+            layout.blob.frame_complete,
+            "CodeBlob::_frame_complete_offset",
+        )?,
+        reserved2: [0; 4],
     };
     Ok((layout, process))
 }

@@ -31,6 +31,9 @@ pub enum VmStructsError {
     /// An entry icecore needs is not in this JVM's tables.
     #[error("this JVM's vmStructs have no {0}")]
     Missing(String),
+    /// An entry has a type icecore does not know how to read.
+    #[error("this JVM's vmStructs declare {0}, which icecore cannot read")]
+    Unsupported(String),
 }
 
 /// The addresses (in the process) of the exported table symbols.
@@ -55,6 +58,8 @@ impl TableSymbols {
 pub struct VmStructs {
     /// `Type::field` → offset in the object.
     fields: HashMap<String, u64>,
+    /// `Type::field` → the field's declared type (`int`, `int16_t`, …).
+    field_types: HashMap<String, String>,
     /// `Type::field` → address of the static.
     statics: HashMap<String, u64>,
     /// Type → `sizeof`.
@@ -147,6 +152,7 @@ impl VmStructs {
         let is_static = r.exported("gHotSpotVMStructEntryIsStaticOffset", stride)?;
         let offset = r.exported("gHotSpotVMStructEntryOffsetOffset", stride)?;
         let address = r.exported("gHotSpotVMStructEntryAddressOffset", stride)?;
+        let type_string = r.exported("gHotSpotVMStructEntryTypeStringOffset", stride)?;
         let first = r.table("gHotSpotVMStructs")?;
         r.entries("gHotSpotVMStructs", first, stride, type_name, |r, e| {
             let ty = r.string(memory.read_u64(e + type_name)?);
@@ -158,6 +164,9 @@ impl VmStructs {
             if memory.read_u32(e + is_static)? != 0 {
                 out.statics.insert(key, memory.read_u64(e + address)?);
             } else {
+                if let Some(declared) = r.string(memory.read_u64(e + type_string)?) {
+                    out.field_types.insert(key.clone(), declared);
+                }
                 out.fields.insert(key, memory.read_u64(e + offset)?);
             }
             Ok(())
@@ -210,6 +219,11 @@ impl VmStructs {
         self.fields.get(name).copied()
     }
 
+    /// The declared type of `Type::field`, if this version has it.
+    pub fn field_type(&self, name: &str) -> Option<&str> {
+        self.field_types.get(name).map(String::as_str)
+    }
+
     /// The address of the static `Type::field`.
     pub fn static_address(&self, name: &str) -> Result<u64, VmStructsError> {
         self.static_opt(name)
@@ -256,6 +270,7 @@ impl VmStructs {
             |entries: &[(&str, u64)]| entries.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
         VmStructs {
             fields: map(fields),
+            field_types: HashMap::new(),
             statics: map(statics),
             sizes: map(sizes),
             ints: HashMap::new(),

@@ -244,6 +244,52 @@ fn the_code_cache_and_inlined_methods_of_live_jvms_are_read() {
                 "{java:?}: a sample re-reads a replaced nmethod"
             );
         }
+        // Every place the nmethod records (calls, safepoints) runs inside its
+        // built frame: the top-frame checks for a prologue or an epilogue
+        // must not take any of them for one, and must find the prologue.
+        {
+            use icecore_unwinders::Registers;
+
+            use crate::runtimes::host_walk::HostMemory;
+            let (_, process) = super::plugin::read_jvm(&binary, bias, &memory).unwrap();
+            let mut live = HostMemory::open(pid);
+            let unbuilt_at = |live: &mut HostMemory, pc: u64, sp: u64, bp: u64| {
+                let regs = Registers { ip: pc, sp, bp };
+                process.unbuilt_frame(blob.address, &regs, live)
+            };
+            let mut recorded = 0;
+            let mut taken_for_unbuilt = Vec::new();
+            let nm = cache.nmethod(&blob).unwrap();
+            for desc in nm.pc_descs.chunks_exact(16) {
+                let offset = i32::from_le_bytes(desc[0..4].try_into().unwrap());
+                let Ok(offset) = u64::try_from(offset) else {
+                    continue;
+                };
+                let pc = blob.code_begin + offset;
+                recorded += 1;
+                if let Some(state) = unbuilt_at(&mut live, pc, 0, 0) {
+                    taken_for_unbuilt.push((offset, state));
+                }
+            }
+            println!(
+                "{java:?}: frame complete at +{:#x} ({} bytes wide); {} of {recorded} recorded \
+                 PCs taken for a prologue or epilogue: {taken_for_unbuilt:x?}",
+                blob.frame_complete,
+                process.frame_complete_bytes,
+                taken_for_unbuilt.len()
+            );
+            assert!(
+                blob.frame_complete > 0 && blob.frame_complete < 0x100,
+                "{java:?}: frame complete at {:#x}",
+                blob.frame_complete
+            );
+            assert!(recorded >= 2 && taken_for_unbuilt.len() <= 1, "{java:?}");
+            assert_eq!(
+                unbuilt_at(&mut live, blob.code_begin, 0, 0),
+                None,
+                "an unreadable stack is not taken for a prologue"
+            );
+        }
         // The segment map leads back to the blob from inside its code.
         let inside = blob.code_begin + u64::from(pc_offset);
         assert_eq!(cache.blob_at(inside).map(|b| b.address), Some(blob.address));
