@@ -374,6 +374,9 @@ impl ProcessTable {
         }
         process.last_refresh = Some(Instant::now());
         match ProcessMappings::read(pid) {
+            // An exiting process's maps read empty once its memory is torn
+            // down: what it had stays, for its samples not symbolized yet.
+            Ok(m) if m.is_empty() => false,
             Ok(m) if m != process.mappings => {
                 process.mappings = m;
                 true

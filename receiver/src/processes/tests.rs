@@ -72,3 +72,34 @@ fn an_image_learned_after_its_exec_is_that_execs_image() {
         "before the exec: unknown"
     );
 }
+
+#[test]
+fn an_exiting_process_keeps_its_mappings_for_its_last_samples() {
+    let mut table = ProcessTable::new(NonZeroUsize::new(4).unwrap());
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Until the exec shows in the maps.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ProcessMappings::read(pid)
+        .is_ok_and(|m| m.mappings().iter().any(|f| f.path.contains("sleep")))
+    {
+        assert!(Instant::now() < deadline, "sleep never showed in its maps");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let known = table.get_or_learn(pid, "sleep").0.mappings.len();
+    assert!(known > 0);
+    // Killed and not reaped: a zombie, whose maps read empty.
+    child.kill().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ProcessMappings::read(pid).is_ok_and(|m| m.is_empty()) {
+        assert!(Instant::now() < deadline, "the zombie's maps still read");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // An address no mapping covers asks for a re-read, which reads nothing.
+    assert!(!table.refresh_if_unmapped(pid, [0x10]));
+    assert_eq!(table.get(pid).unwrap().mappings.len(), known);
+    child.wait().unwrap();
+}
