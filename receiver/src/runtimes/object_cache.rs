@@ -49,6 +49,10 @@ impl<V: PartialEq> ObjectCache<V> {
     }
 
     /// Stores a read of `address`; true when it replaced a different one.
+    /// A failed read (`None`) does not replace a value read before: the
+    /// address is still sampled, so the object is still there and the
+    /// process's memory could not be read (it is exiting, most often),
+    /// and the samples not symbolized yet keep their names.
     pub fn store(&mut self, pid: u32, address: u64, value: Option<Arc<V>>) -> bool {
         self.store_read_at(pid, address, value, Instant::now())
     }
@@ -61,8 +65,16 @@ impl<V: PartialEq> ObjectCache<V> {
         value: Option<Arc<V>>,
         read_at: Instant,
     ) -> bool {
+        let key = (pid, address);
+        if value.is_none()
+            && let Some(known) = self.entries.get_mut(&key)
+            && known.value.is_some()
+        {
+            known.read_at = read_at;
+            return false;
+        }
         let previous = self.entries.put(
-            (pid, address),
+            key,
             Cached {
                 read_at,
                 value: value.clone(),
@@ -91,7 +103,9 @@ mod tests {
         assert_eq!(cache.cached(1, 0x10, true), None);
         assert!(!cache.store(1, 0x10, Some(Arc::new(7))));
         assert!(cache.store(1, 0x10, Some(Arc::new(8))));
-        assert!(cache.store(1, 0x10, None));
+        // A failed re-read keeps what was read before.
+        assert!(!cache.store(1, 0x10, None));
+        assert_eq!(cache.cached(1, 0x10, false), Some(Some(Arc::new(8))));
         cache.store(2, 0x10, None);
         cache.forget_process(1);
         assert_eq!(cache.cached(1, 0x10, false), None);
