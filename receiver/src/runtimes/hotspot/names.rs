@@ -91,7 +91,7 @@ impl<'a> Methods<'a> {
         let const_method = read(method + m.const_method)?;
         let pool = read(const_method + m.constants)?;
         let holder = read(pool + m.pool_holder)?;
-        let class = self.symbol(read(holder + m.klass_name)?)?.replace('/', ".");
+        let class = java_class_name(&self.symbol(read(holder + m.klass_name)?)?);
         let name = self.pool_symbol(pool, self.u16_at(const_method + m.name_index)?)?;
         let signature = self
             .pool_symbol(pool, self.u16_at(const_method + m.signature_index)?)
@@ -132,5 +132,31 @@ impl<'a> Methods<'a> {
             .iter()
             .find_map(|&len| self.memory.read_vec(table, len, MAX_LINE_TABLE).ok())?;
         Some(line_table(&bytes, self.layout.unsigned5_base()))
+    }
+}
+
+/// A class's name as `Class.getName()` and the JVM's stack traces show it,
+/// from its internal name: packages joined by `.`; a hidden class (a
+/// lambda's, a lambda form's) keeps its `/0x…` suffix, which the internal
+/// name writes with `+` (no Java identifier holds either character).
+pub fn java_class_name(internal: &str) -> String {
+    internal.replace('/', ".").replace('+', "/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hidden_classes_are_named_as_the_jvm_names_them() {
+        assert_eq!(java_class_name("java/util/HashMap"), "java.util.HashMap");
+        assert_eq!(
+            java_class_name("Lam$$Lambda$84+0x00007f0564007c48"),
+            "Lam$$Lambda$84/0x00007f0564007c48"
+        );
+        assert_eq!(
+            java_class_name("java/lang/invoke/LambdaForm$DMH+0x0000000800c01000"),
+            "java.lang.invoke.LambdaForm$DMH/0x0000000800c01000"
+        );
     }
 }
