@@ -58,13 +58,10 @@ fn find_map(name: &str, kind: MapType, owned: &BTreeSet<u32>) -> Option<MapData>
         .filter(|info| info.name_as_str() == Some(name))
         .filter(|info| info.map_type().is_ok_and(|t| t == kind))
         .collect();
-    let info = candidates
-        .iter()
-        .find(|info| owned.contains(&info.id()))
-        .or_else(|| {
-            // No map_id in fdinfo (old kernel): accept a unique map of that name.
-            (owned.is_empty() && candidates.len() == 1).then(|| &candidates[0])
-        })?;
+    // Only a map icecore holds (fdinfo has `map_id` on every kernel icecore
+    // supports): before icecore created its maps, a lone map of that name
+    // is the previous run's, still being freed.
+    let info = candidates.iter().find(|info| owned.contains(&info.id()))?;
     MapData::from_id(info.id()).ok()
 }
 
