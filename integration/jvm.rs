@@ -9,8 +9,10 @@
 //! the agent and without any JVM flag. icecore's shares must be within 5 percentage points of the
 //! split and of the JVM's own Flight Recorder on the same run; inlined
 //! frames must be reported as such; JNI code must sit under its Java
-//! caller, a thread pool's threads must be named, and a class loaded late
-//! must be named.
+//! caller, a thread pool's threads must be named, a class loaded late
+//! must be named, frames caught in prologues and epilogues must reach their
+//! callers, and a frame pending deoptimization must keep the methods
+//! inlined in it.
 //!
 //! Every test loads BPF programs and needs root; without root it prints why it
 //! is skipped and passes.
@@ -32,9 +34,13 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use support::jvm::{Jdk, compile_fixture, jdks, jfr_stacks, spawn_fixture};
+use support::metrics::Metrics;
 use support::run::{REPORTER_INTERVAL, SystemWideRun};
 use support::summary::{DecodedSample, Frame, count_where, of_pid_since, pct, total};
 use support::{now_unix_nanos, require_root, serial};
+
+#[path = "jvm/transitions.rs"]
+mod transitions;
 
 /// About a thousand samples per fixture with four sharing two CPUs.
 const HZ: u32 = 499;
@@ -56,6 +62,32 @@ fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }
 
+/// What every test here starts from: the test lock, the machine's JDKs
+/// and the fixture compiled. `None` (the test is skipped) without root.
+struct Setup {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    jdks: Vec<Jdk>,
+    _classes_dir: tempfile::TempDir,
+    classes: std::path::PathBuf,
+}
+
+fn setup(test: &str) -> Option<Setup> {
+    if !require_root(test) {
+        return None;
+    }
+    let serial = serial();
+    let jdks = jdks();
+    assert!(!jdks.is_empty(), "{test}: no JDK on this machine");
+    let classes_dir = tmp();
+    let classes = compile_fixture(classes_dir.path());
+    Some(Setup {
+        _serial: serial,
+        jdks,
+        _classes_dir: classes_dir,
+        classes,
+    })
+}
+
 fn wait_all(children: &mut [(Jdk, Child)]) {
     for (jdk, child) in children {
         let status = child.wait().expect("wait for the fixture");
@@ -63,12 +95,14 @@ fn wait_all(children: &mut [(Jdk, Child)]) {
     }
 }
 
-fn finish(run: &mut SystemWideRun) {
+/// Stops the agent once its last samples are out, returning its metrics then.
+fn finish(run: &mut SystemWideRun) -> Metrics {
     sleep(2 * REPORTER_INTERVAL + Duration::from_millis(500));
-    let _ = run
+    let metrics = run
         .icecore
         .metrics_after_next_batch(Duration::from_secs(30));
     run.icecore.stop();
+    metrics
 }
 
 fn is_jvm(frame: &Frame) -> bool {
@@ -119,14 +153,10 @@ fn split_options(jdk: &Jdk) -> &'static [&'static str] {
 #[test]
 fn every_jdk_matches_its_split_and_the_flight_recorder() {
     const TEST: &str = "every_jdk_matches_its_split_and_the_flight_recorder";
-    if !require_root(TEST) {
+    let Some(setup) = setup(TEST) else {
         return;
-    }
-    let _serial = serial();
-    let found = jdks();
-    assert!(!found.is_empty(), "{TEST}: no JDK on this machine");
-    let classes_dir = tmp();
-    let classes = compile_fixture(classes_dir.path());
+    };
+    let (found, classes) = (&setup.jdks, &setup.classes);
     let recordings = tmp();
 
     let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
@@ -138,11 +168,12 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
                 jdk.clone(),
                 spawn_fixture(
                     jdk,
-                    &classes,
+                    classes,
                     "split",
                     FIXTURE_SECS,
                     Some(&jfr),
                     split_options(jdk),
+                    None,
                 ),
             )
         })
@@ -301,26 +332,22 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
 #[test]
 fn jni_code_thread_pools_and_late_classes_are_attributed() {
     const TEST: &str = "jni_code_thread_pools_and_late_classes_are_attributed";
-    if !require_root(TEST) {
+    let Some(setup) = setup(TEST) else {
         return;
-    }
-    let _serial = serial();
-    let found = jdks();
+    };
+    let (found, classes) = (&setup.jdks, &setup.classes);
     // The oldest and the newest.
     let chosen: Vec<Jdk> = [found.first(), found.last()]
         .into_iter()
         .flatten()
         .cloned()
         .collect();
-    assert!(!chosen.is_empty(), "{TEST}: no JDK on this machine");
-    let classes_dir = tmp();
-    let classes = compile_fixture(classes_dir.path());
 
     let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
     let mut fixtures: Vec<(Jdk, Child, &str)> = Vec::new();
     for jdk in &chosen {
         for mode in ["threads", "native", "late"] {
-            let child = spawn_fixture(jdk, &classes, mode, FIXTURE_SECS / 2, None, &[]);
+            let child = spawn_fixture(jdk, classes, mode, FIXTURE_SECS / 2, None, &[], None);
             fixtures.push((jdk.clone(), child, mode));
         }
     }
@@ -396,75 +423,6 @@ fn jni_code_thread_pools_and_late_classes_are_attributed() {
                     ));
                 }
             }
-        }
-    }
-    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
-}
-
-/// A method called in a loop and never inlined spends much of its time
-/// building and tearing down its frame, where its frame size does not hold
-/// yet or any more: the sampled frame is unwound from what its prologue or
-/// epilogue instruction says, and its caller follows on every JDK.
-#[test]
-fn frames_sampled_in_prologues_and_epilogues_reach_their_callers() {
-    const TEST: &str = "frames_sampled_in_prologues_and_epilogues_reach_their_callers";
-    if !require_root(TEST) {
-        return;
-    }
-    let _serial = serial();
-    let found = jdks();
-    assert!(!found.is_empty(), "{TEST}: no JDK on this machine");
-    let classes_dir = tmp();
-    let classes = compile_fixture(classes_dir.path());
-    // Not inlined, so that it has a prologue and an epilogue of its own.
-    let options = [
-        "-XX:CompileCommand=quiet",
-        "-XX:CompileCommand=dontinline,JvmSplit::tiny",
-    ];
-    let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
-    let mut fixtures: Vec<(Jdk, Child)> = found
-        .iter()
-        .map(|jdk| {
-            let child = spawn_fixture(jdk, &classes, "calls", FIXTURE_SECS / 2, None, &options);
-            (jdk.clone(), child)
-        })
-        .collect();
-    sleep(Duration::from_secs(3));
-    let from = now_unix_nanos();
-    let pids: Vec<u32> = fixtures.iter().map(|(_, c)| c.id()).collect();
-    wait_all(&mut fixtures);
-    finish(&mut run);
-    let received = run.otlp_of(pids[0]);
-
-    let mut failures = Vec::new();
-    for ((jdk, _), &pid) in fixtures.iter().zip(&pids) {
-        let label = &jdk.label;
-        let (samples, _) = of_pid_since(&received.samples, pid, from);
-        let in_tiny =
-            |s: &DecodedSample| s.user_leaf().is_some_and(|f| f.function == "JvmSplit.tiny");
-        let leaves = count_where(&samples, in_tiny);
-        let whole = count_where(&samples, |s| {
-            in_tiny(s) && position(s, "JvmSplit.calls").is_some() && reaches_below_java(s)
-        });
-        println!(
-            "{TEST}: {label}: {leaves} samples with their leaf in JvmSplit.tiny, {whole} ({:.1}%) \
-             of them through JvmSplit.calls to {NATIVE_FRAMES_UNDER_JAVA}+ native frames",
-            pct(whole, leaves)
-        );
-        if leaves < 200 || pct(whole, leaves) < 99.0 {
-            let example = samples
-                .iter()
-                .find(|s| in_tiny(s) && position(s, "JvmSplit.calls").is_none())
-                .map(|s| {
-                    s.stack
-                        .iter()
-                        .map(|f| format!("{}@{:#x}", f.function, f.address))
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default();
-            failures.push(format!(
-                "{label}: {whole} of {leaves} samples in tiny reach their callers; e.g. {example:?}"
-            ));
         }
     }
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));

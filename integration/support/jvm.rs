@@ -151,8 +151,8 @@ pub fn compile_fixture(dir: &Path) -> PathBuf {
 }
 
 /// Starts the fixture in `mode` for `seconds` under `jdk` with the JVM
-/// options `options`, recording with the Flight Recorder into `jfr` when
-/// given.
+/// options `options`, recording with the Flight Recorder into `jfr` and
+/// writing its standard output (the JVM's own logs) to `stdout` when given.
 pub fn spawn_fixture(
     jdk: &Jdk,
     classes: &Path,
@@ -160,7 +160,15 @@ pub fn spawn_fixture(
     seconds: u32,
     jfr: Option<&Path>,
     options: &[&str],
+    stdout: Option<&Path>,
 ) -> Child {
+    let stdout = match stdout {
+        Some(file) => Stdio::from(
+            std::fs::File::create(file)
+                .unwrap_or_else(|e| panic!("create {}: {e}", file.display())),
+        ),
+        None => Stdio::null(),
+    };
     let settings = package_dir().join("integration/fixtures/jfr-execution-samples.jfc");
     // A JDK in a chroot reads copies of the classes and settings there.
     let (mut command, classes, settings, jfr) = match &jdk.root {
@@ -201,7 +209,7 @@ pub fn spawn_fixture(
         .arg("-cp")
         .arg(&classes)
         .args(["JvmSplit", mode, &seconds.to_string()])
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("start {} {mode}: {e}", jdk.label))

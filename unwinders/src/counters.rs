@@ -91,10 +91,14 @@ pub enum Counter {
     /// The native unwinder handed code to the HotSpot unwinder for a
     /// process that has no `HOTSPOT_PROCESSES` entry.
     HotSpotProcessMissing = 34,
+    /// Compiled Java frames found pending deoptimization (their return
+    /// address replaced by the deoptimization handler), reported at the
+    /// call site HotSpot saved in the frame.
+    HotSpotDeoptPending = 35,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 35;
+pub const COUNTER_COUNT: u32 = 36;
 
 impl Counter {
     /// Every counter, in index order.
@@ -134,6 +138,7 @@ impl Counter {
         Counter::HotSpotReadFailed,
         Counter::HotSpotStackTruncated,
         Counter::HotSpotProcessMissing,
+        Counter::HotSpotDeoptPending,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -174,6 +179,7 @@ impl Counter {
             Counter::HotSpotReadFailed => "hotspot_read_failed",
             Counter::HotSpotStackTruncated => "hotspot_stack_truncated",
             Counter::HotSpotProcessMissing => "hotspot_process_missing",
+            Counter::HotSpotDeoptPending => "hotspot_deopt_pending",
         }
     }
 }

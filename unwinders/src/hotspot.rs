@@ -10,7 +10,9 @@
 //!   the PC through the code heap's segment map (one byte per segment,
 //!   counting back to the blob's first segment);
 //! - the call stub (the JVM's way in from C++) is an `rbp` frame whose
-//!   caller is native code again: the walk hands back there.
+//!   caller is native code again: the walk hands back there;
+//! - a compiled frame pending deoptimization returns into its nmethod's
+//!   deoptimization handler; its real return address is saved in the frame.
 //!
 //! Per compiled frame it reports the blob and the PC (user space finds
 //! every method inlined at that PC); per interpreted frame the `Method*`
@@ -34,6 +36,7 @@ pub const HOTSPOT: BpfRuntime = BpfRuntime {
         Counter::HotSpotReadFailed,
         Counter::HotSpotStackTruncated,
         Counter::HotSpotProcessMissing,
+        Counter::HotSpotDeoptPending,
     ],
 };
 
@@ -117,11 +120,22 @@ pub struct HotSpotProcess {
     /// `CodeBlob::_frame_complete_offset` (bytes from the code's start):
     /// before it, a compiled method's frame is not built yet.
     pub blob_frame_complete: u16,
+    /// Where an nmethod keeps its deoptimization handler:
+    /// `_deoptimize_offset` (JDK 8), `_deopt_handler_begin` (9–22),
+    /// `_deopt_handler_offset` (23–25) or `_deopt_handler_entry_offset`
+    /// (26+). 0 when the JVM does not say.
+    pub nmethod_deopt_handler: u16,
+    /// `nmethod::_orig_pc_offset` (int): where a frame pending
+    /// deoptimization keeps its real return address, in bytes from its sp.
+    pub nmethod_orig_pc_offset: u16,
+    /// 1 when `nmethod_deopt_handler` is an int offset from the nmethod
+    /// (JDK 8, 23+), 0 when it is a pointer.
+    pub deopt_handler_is_offset: u8,
     /// Zero.
-    pub reserved2: [u8; 4],
+    pub reserved2: [u8; 7],
 }
 
-const _: () = assert!(core::mem::size_of::<HotSpotProcess>() == 136);
+const _: () = assert!(core::mem::size_of::<HotSpotProcess>() == 144);
 
 /// HotSpot's state area between tail calls.
 #[repr(C)]
@@ -153,6 +167,10 @@ pub enum HotSpotStep {
         blob_word: u64,
         /// The tagged PC.
         pc_word: u64,
+        /// The frame is pending deoptimization: its return address was
+        /// the nmethod's deoptimization handler, and the PC reported is
+        /// the one HotSpot saved in the frame.
+        pending_deopt: bool,
     },
     /// An interpreted frame: a [`word::INTERPRETED`] and a [`word::BCP`] word.
     Interpreted {
@@ -267,11 +285,20 @@ impl HotSpotProcess {
         // The int at `blob_frame_size` within its aligned word.
         let frame_size = int_in_word(frame_size, u64::from(self.blob_frame_size));
         if frame_size > 0 && (frame_size as u64) < MAX_FRAME_WORDS {
+            // A return address is the deoptimization handler's while the
+            // frame waits to be deoptimized; the call site is saved in it.
+            let original_pc = if top {
+                None
+            } else {
+                self.deopt_original_pc(blob, pc, sp, frame_size as u64, memory)
+            };
             let compiled = HotSpotStep::Compiled {
                 blob_word: HOTSPOT.tags.word(word::COMPILED, blob),
-                pc_word: HOTSPOT
-                    .tags
-                    .word(if top { word::TOP_PC } else { word::PC }, pc),
+                pc_word: HOTSPOT.tags.word(
+                    if top { word::TOP_PC } else { word::PC },
+                    original_pc.unwrap_or(pc),
+                ),
+                pending_deopt: original_pc.is_some(),
             };
             // Only the sampled frame can be caught building or tearing
             // down its frame: every caller is stopped at a call.
@@ -377,6 +404,43 @@ impl HotSpotProcess {
                 .then_some(Unbuilt::ReturnAtSp);
         }
         epilogue_state(code)
+    }
+
+    /// The return address a compiled frame pending deoptimization had:
+    /// HotSpot replaced it, `pc`, with the nmethod's deoptimization handler
+    /// and saved it in the frame, `_orig_pc_offset` bytes above `sp` (the
+    /// frame's `frame_words` long). `None` when `pc` is not that handler
+    /// (the common case, for one read), or when what tells is unreadable.
+    #[inline(always)]
+    pub fn deopt_original_pc<M: MemoryReader>(
+        &self,
+        nmethod: u64,
+        pc: u64,
+        sp: u64,
+        frame_words: u64,
+        memory: &mut M,
+    ) -> Option<u64> {
+        if self.nmethod_deopt_handler == 0 || self.nmethod_orig_pc_offset == 0 {
+            return None;
+        }
+        let field = nmethod.wrapping_add(u64::from(self.nmethod_deopt_handler));
+        let handler = if self.deopt_handler_is_offset != 0 {
+            // Negative: no handler of the nmethod's own.
+            let offset = u64::try_from(int_in_word(memory.read_u64(field & !7)?, field)).ok()?;
+            nmethod.wrapping_add(offset)
+        } else {
+            memory.read_u64(field)?
+        };
+        if handler != pc {
+            return None;
+        }
+        let field = nmethod.wrapping_add(u64::from(self.nmethod_orig_pc_offset));
+        let offset = u64::try_from(int_in_word(memory.read_u64(field & !7)?, field)).ok()?;
+        // The slot lies inside the frame.
+        if offset >= frame_words * 8 {
+            return None;
+        }
+        memory.read_u64(sp.wrapping_add(offset))
     }
 
     /// Unwinds an `rbp` frame, reporting `outcome`.

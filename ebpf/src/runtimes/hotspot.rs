@@ -51,8 +51,15 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         let step = process.step(&mut scratch.state.registers, top, &mut memory);
         let walk = &mut scratch.state.runtimes.hotspot;
         match step {
-            HotSpotStep::Compiled { blob_word, pc_word } => {
+            HotSpotStep::Compiled {
+                blob_word,
+                pc_word,
+                pending_deopt,
+            } => {
                 walk.frames += 1;
+                if pending_deopt {
+                    count(Counter::HotSpotDeoptPending);
+                }
                 append_words(&mut scratch.record, blob_word, pc_word);
             }
             HotSpotStep::Interpreted {

@@ -9,6 +9,10 @@ const SEGMAP: u64 = 0x5000_0000;
 const INTERP: u64 = LOW;
 const INTERP_END: u64 = LOW + 0x1_0000;
 const CALL_STUB_RETURN: u64 = LOW + 0x2_0010;
+/// Where the test's nmethods keep their deoptimization handler (a pointer).
+const DEOPT_HANDLER_FIELD: u64 = 0x80;
+/// Where they keep `_orig_pc_offset` (an int, the low half of its word).
+const ORIG_PC_OFFSET_FIELD: u64 = 0x130;
 
 fn process() -> HotSpotProcess {
     HotSpotProcess {
@@ -34,7 +38,10 @@ fn process() -> HotSpotProcess {
         frame_complete_bytes: 4,
         blob_code_begin: 8,
         blob_frame_complete: 32,
-        reserved2: [0; 4],
+        nmethod_deopt_handler: DEOPT_HANDLER_FIELD as u16,
+        nmethod_orig_pc_offset: ORIG_PC_OFFSET_FIELD as u16,
+        deopt_handler_is_offset: 0,
+        reserved2: [0; 7],
     }
 }
 
@@ -108,6 +115,7 @@ fn compiled_then_interpreted_then_the_call_stub_then_native() {
         HotSpotStep::Compiled {
             blob_word: HOTSPOT.tags.word(word::COMPILED, compiled),
             pc_word: HOTSPOT.tags.word(word::TOP_PC, compiled + 0x40),
+            pending_deopt: false,
         }
     );
     assert_eq!(
@@ -347,5 +355,102 @@ fn a_sampled_frame_in_its_prologue_or_epilogue_unwinds_from_sp() {
             sp: stack + 48,
             bp: caller_fp
         }
+    );
+}
+
+/// A caller frame pending deoptimization returns into its nmethod's
+/// deoptimization handler; it is reported at the call site saved in the
+/// frame, and unwound by its frame size all the same.
+#[test]
+fn a_frame_pending_deoptimization_is_reported_at_its_saved_call_site() {
+    let p = process();
+    let mut m = Image::default();
+    let callee = blob(&mut m, 0x400, 4, 2);
+    let caller = blob(&mut m, 0x500, 8, 6);
+    let handler = caller + 0x300;
+    let call_site = caller + 0x123;
+    m.put(caller + DEOPT_HANDLER_FIELD, handler);
+    // The saved PC sits 16 bytes above the caller's sp.
+    m.put(caller + ORIG_PC_OFFSET_FIELD, 16);
+    let stack = 0x7ffd_0000_1000u64;
+    let caller_sp = stack + 16;
+    m.put(stack, 0x1111); // the callee's saved fp
+    m.put(stack + 8, handler); // its return address, patched
+    m.put(caller_sp + 16, call_site);
+    let outer_fp = 0x7ffd_0000_3000u64;
+    m.put(caller_sp + 32, outer_fp);
+    m.put(caller_sp + 40, 0x5555_0000);
+    let mut regs = Registers {
+        ip: callee + 0x10,
+        sp: stack,
+        bp: 0,
+    };
+    assert!(matches!(
+        p.step(&mut regs, true, &mut m),
+        HotSpotStep::Compiled {
+            pending_deopt: false,
+            ..
+        }
+    ));
+    assert_eq!(regs.ip, handler);
+    assert_eq!(
+        p.step(&mut regs, false, &mut m),
+        HotSpotStep::Compiled {
+            blob_word: HOTSPOT.tags.word(word::COMPILED, caller),
+            pc_word: HOTSPOT.tags.word(word::PC, call_site),
+            pending_deopt: true,
+        }
+    );
+    assert_eq!(
+        regs,
+        Registers {
+            ip: 0x5555_0000,
+            sp: caller_sp + 48,
+            bp: outer_fp
+        }
+    );
+
+    // Another return address into the same nmethod is its own PC.
+    let mut regs = Registers {
+        ip: caller + 0x40,
+        sp: caller_sp,
+        bp: 0,
+    };
+    assert!(matches!(
+        p.step(&mut regs, false, &mut m),
+        HotSpotStep::Compiled { pc_word, pending_deopt: false, .. }
+            if pc_word == HOTSPOT.tags.word(word::PC, caller + 0x40)
+    ));
+
+    // A saved-PC offset outside the frame is not believed.
+    m.put(caller + ORIG_PC_OFFSET_FIELD, 48);
+    assert_eq!(
+        p.deopt_original_pc(caller, handler, caller_sp, 6, &mut m),
+        None
+    );
+    // An int offset from the nmethod (JDK 8, 23+), negative for none.
+    let by_offset = HotSpotProcess {
+        deopt_handler_is_offset: 1,
+        ..p
+    };
+    m.put(caller + ORIG_PC_OFFSET_FIELD, 16);
+    m.put(caller + DEOPT_HANDLER_FIELD, 0x300);
+    assert_eq!(
+        by_offset.deopt_original_pc(caller, handler, caller_sp, 6, &mut m),
+        Some(call_site)
+    );
+    m.put(caller + DEOPT_HANDLER_FIELD, u64::from(-8i32 as u32));
+    assert_eq!(
+        by_offset.deopt_original_pc(caller, caller - 8, caller_sp, 6, &mut m),
+        None
+    );
+    // A JVM that does not say where the handler is.
+    let unknown = HotSpotProcess {
+        nmethod_deopt_handler: 0,
+        ..p
+    };
+    assert_eq!(
+        unknown.deopt_original_pc(caller, handler, caller_sp, 6, &mut m),
+        None
     );
 }

@@ -135,6 +135,10 @@ pub struct NMethodLayout {
     pub comp_level: u64,
     /// `_compile_id` (int): tells a reused address from the nmethod it held.
     pub compile_id: u64,
+    /// Where the deoptimization handler is, and `_orig_pc_offset` (int):
+    /// where a frame pending deoptimization saved its return address.
+    /// `None` when the JVM does not describe both.
+    pub deopt: Option<(Location, u64)>,
     /// Where PcDescs, scopes and metadata are.
     pub debug: DebugData,
 }
@@ -274,10 +278,25 @@ impl HotSpotLayout {
                 metadata: vm.field("nmethod::_metadata_offset")?,
             },
         };
+        // Renamed over the versions; a pointer only while CompiledMethod existed.
+        let deopt_handler = vm
+            .field_opt("CompiledMethod::_deopt_handler_begin")
+            .map(Location::Pointer)
+            .or_else(|| {
+                [
+                    "nmethod::_deoptimize_offset",
+                    "nmethod::_deopt_handler_offset",
+                    "nmethod::_deopt_handler_entry_offset",
+                ]
+                .into_iter()
+                .find_map(|name| vm.field_opt(name))
+                .map(Location::Offset)
+            });
         let nmethod = NMethodLayout {
             method: nm("_method")?,
             comp_level: vm.field("nmethod::_comp_level")?,
             compile_id: vm.field("nmethod::_compile_id")?,
+            deopt: deopt_handler.zip(vm.field_opt("nmethod::_orig_pc_offset")),
             debug,
         };
         let source_file_index = match vm.field_opt("ConstantPool::_source_file_name_index") {

@@ -28,6 +28,13 @@ pub struct JavaMethod {
     pub source_file: Option<String>,
     /// (bytecode index, line) pairs.
     pub lines: Vec<(u32, u32)>,
+    /// Where its bytecodes start (right after its `ConstMethod`): an
+    /// interpreted frame's bytecode pointer minus this is its bci. Kept
+    /// with the name, so that samples symbolized after the JVM exited keep
+    /// their lines.
+    pub bytecodes: u64,
+    /// Its bytecodes' length.
+    pub code_size: u16,
 }
 
 impl JavaMethod {
@@ -40,6 +47,14 @@ impl JavaMethod {
     /// entry, counts as 0); 0 when unknown.
     pub fn line(&self, bci: i32) -> u32 {
         line_of(&self.lines, u32::try_from(bci.max(0)).unwrap_or(0))
+    }
+
+    /// The bytecode index an interpreted frame's bytecode pointer `bcp`
+    /// stands for: 0 when it is not inside this method's bytecodes.
+    pub fn bci_of(&self, bcp: u64) -> i32 {
+        bcp.checked_sub(self.bytecodes)
+            .filter(|&b| b < u64::from(self.code_size))
+            .map_or(0, |b| b as i32)
     }
 }
 
@@ -110,6 +125,8 @@ impl<'a> Methods<'a> {
             signature,
             source_file,
             lines,
+            bytecodes: const_method + m.const_method_size,
+            code_size: self.u16_at(const_method + m.code_size).unwrap_or(0),
         })
     }
 
@@ -146,6 +163,25 @@ pub fn java_class_name(internal: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bytecode_pointer_gives_its_index_within_the_method_only() {
+        let method = JavaMethod {
+            class: "JvmSplit".into(),
+            name: "deopt".into(),
+            signature: "(J)V".into(),
+            source_file: Some("JvmSplit.java".into()),
+            lines: vec![(0, 153), (4, 154), (59, 166)],
+            bytecodes: 0x1000,
+            code_size: 72,
+        };
+        assert_eq!(method.bci_of(0x1000 + 59), 59);
+        assert_eq!(method.line(method.bci_of(0x1000 + 59)), 166);
+        // Outside its bytecodes (a stale or torn slot): the method's entry.
+        for bcp in [0xfff, 0x1000 + 72, 0, u64::MAX] {
+            assert_eq!(method.bci_of(bcp), 0, "{bcp:#x}");
+        }
+    }
 
     #[test]
     fn hidden_classes_are_named_as_the_jvm_names_them() {

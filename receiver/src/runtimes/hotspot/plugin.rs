@@ -274,9 +274,16 @@ impl HotSpotPlugin {
         found
     }
 
-    fn java_frame(&mut self, pid: u32, method: u64, bci: i32, fresh: bool) -> Arc<Frame> {
+    /// A frame of one Java method, at the bytecode index `bci` gives.
+    fn java_frame(
+        &mut self,
+        pid: u32,
+        method: u64,
+        bci: impl FnOnce(&JavaMethod) -> i32,
+        fresh: bool,
+    ) -> Arc<Frame> {
         match self.method(pid, method, fresh) {
-            Some(m) => java_frame(0, &[java_line(&m, bci)]),
+            Some(m) => java_frame(0, &[java_line(&m, bci(&m))]),
             None => {
                 self.stats.frame_errors += 1;
                 Symbolizer::unknown_frame(FrameKind::Jvm, method)
@@ -296,7 +303,7 @@ impl HotSpotPlugin {
         let Some(nmethod) = &info.nmethod else {
             // A native method's wrapper: the Java method it stands for.
             if let Some(method) = info.native_method {
-                return self.java_frame(pid, method, 0, fresh);
+                return self.java_frame(pid, method, |_| 0, fresh);
             }
             return stub_frame(&info.blob.name);
         };
@@ -319,20 +326,7 @@ impl HotSpotPlugin {
     }
 
     fn interpreted(&mut self, pid: u32, method: u64, bcp: u64, fresh: bool) -> Arc<Frame> {
-        let Some(layout) = self.layout(pid) else {
-            return Symbolizer::unknown_frame(FrameKind::Jvm, method);
-        };
-        // bci = bcp - the bytecodes' start, right after the ConstMethod.
-        let const_method = self
-            .processes
-            .get_mut(&pid)
-            .and_then(|p| p.memory.get())
-            .and_then(|m| m.read_u64(method + layout.method.const_method).ok());
-        let bci = const_method
-            .and_then(|c| bcp.checked_sub(c + layout.method.const_method_size))
-            .filter(|&b| b < 1 << 16)
-            .map_or(0, |b| b as i32);
-        self.java_frame(pid, method, bci, fresh)
+        self.java_frame(pid, method, |m| m.bci_of(bcp), fresh)
     }
 
     fn stub(&mut self, pid: u32, blob: u64, fresh: bool) -> Arc<Frame> {
@@ -427,6 +421,21 @@ pub(super) fn read_jvm(
     let code_begin_field = match layout.blob.code_begin {
         Location::Pointer(field) | Location::Offset(field) => field,
     };
+    // Without them, a frame pending deoptimization is named at its handler.
+    let (deopt_handler, orig_pc_offset, deopt_handler_is_offset) = match layout.nmethod.deopt {
+        Some((handler, orig_pc)) => {
+            let (field, is_offset) = match handler {
+                Location::Pointer(field) => (field, 0),
+                Location::Offset(field) => (field, 1),
+            };
+            (
+                small(field, "the deoptimization handler")?,
+                small(orig_pc, "nmethod::_orig_pc_offset")?,
+                is_offset,
+            )
+        }
+        None => (0, 0, 0),
+    };
     let process = HotSpotProcess {
         heaps,
         interpreter_low,
@@ -444,7 +453,10 @@ pub(super) fn read_jvm(
             layout.blob.frame_complete,
             "CodeBlob::_frame_complete_offset",
         )?,
-        reserved2: [0; 4],
+        nmethod_deopt_handler: deopt_handler,
+        nmethod_orig_pc_offset: orig_pc_offset,
+        deopt_handler_is_offset,
+        reserved2: [0; 7],
     };
     Ok((layout, process))
 }

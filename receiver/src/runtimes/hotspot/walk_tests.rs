@@ -289,6 +289,8 @@ fn the_code_cache_and_inlined_methods_of_live_jvms_are_read() {
                 None,
                 "an unreadable stack is not taken for a prologue"
             );
+            let stub_offset = vm.field("nmethod::_stub_offset").unwrap();
+            deopt_handler_is_found(&java, &process, &blob, stub_offset, &mut live);
         }
         // The segment map leads back to the blob from inside its code.
         let inside = blob.code_begin + u64::from(pc_offset);
@@ -316,4 +318,66 @@ fn other_method(cache: &CodeCache<'_>, nmethods: &[&super::code_cache::Blob], ow
         .map(|n| n.method)
         .find(|m| *m != 0 && !own.contains(m))
         .expect("another nmethod")
+}
+
+/// The deoptimization handler BPF compares return addresses with lies in
+/// the nmethod's stub section (from `_stub_offset`), and a
+/// frame whose return address it is gets its saved PC read from inside the
+/// frame: checked on a live nmethod with a made-up stack.
+fn deopt_handler_is_found(
+    java: &Path,
+    process: &icecore_unwinders::hotspot::HotSpotProcess,
+    blob: &super::code_cache::Blob,
+    stub_offset: u64,
+    live: &mut crate::runtimes::host_walk::HostMemory,
+) {
+    use icecore_unwinders::MemoryReader;
+
+    /// A made-up stack: its words read as their address plus one.
+    struct WithStack<'a>(&'a mut crate::runtimes::host_walk::HostMemory);
+    const STACK: u64 = 0x7fff_0000_0000;
+    impl MemoryReader for WithStack<'_> {
+        fn read_u64(&mut self, address: u64) -> Option<u64> {
+            match address.checked_sub(STACK) {
+                Some(offset) if offset < 1 << 20 => Some(address + 1),
+                _ => self.0.read_u64(address),
+            }
+        }
+    }
+    assert!(
+        process.nmethod_deopt_handler != 0,
+        "{java:?}: no deoptimization handler"
+    );
+    let field = blob.address + u64::from(process.nmethod_deopt_handler);
+    let handler = if process.deopt_handler_is_offset != 0 {
+        let word = live.read_u64(field & !7).unwrap();
+        let offset = (word >> ((field & 4) * 8)) as u32 as i32;
+        blob.address.wrapping_add(i64::from(offset) as u64)
+    } else {
+        live.read_u64(field).unwrap()
+    };
+    let stubs = blob.address + u64::from(live.0.read_u32(blob.address + stub_offset).unwrap());
+    let code_end = blob.address + u64::from(blob.size);
+    assert!(
+        stubs > blob.code_begin && handler >= stubs && handler < code_end,
+        "{java:?}: handler {handler:#x} outside the stubs, {stubs:#x}..{code_end:#x}"
+    );
+    let frame_words = u64::try_from(blob.frame_size).unwrap();
+    let mut memory = WithStack(live);
+    let saved = process
+        .deopt_original_pc(blob.address, handler, STACK, frame_words, &mut memory)
+        .unwrap_or_else(|| panic!("{java:?}: no saved PC in a frame of {frame_words} words"));
+    assert!(
+        saved > STACK && saved <= STACK + 8 * frame_words,
+        "{java:?}: {saved:#x}"
+    );
+    assert_eq!(
+        process.deopt_original_pc(blob.address, handler + 1, STACK, frame_words, &mut memory),
+        None
+    );
+    println!(
+        "{java:?}: deoptimization handler at +{:#x} of the code, saved PC at sp+{:#x}",
+        handler - blob.code_begin,
+        saved - 1 - STACK
+    );
 }
