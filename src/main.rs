@@ -54,6 +54,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if config.check_only {
+        return match runtime.block_on(check_config(&config)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("icecore: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     match runtime.block_on(run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -61,6 +70,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--check-config`: the settings parsed and checked already; checks what
+/// they name (TLS files, tokens, the pprof directory) the way a start
+/// would, prints where profiles would go, and touches nothing. Needs no
+/// privileges, so it runs wherever the config is written.
+async fn check_config(config: &Config) -> anyhow::Result<()> {
+    let mut lines = sinks::Sinks::check(config)?;
+    if let Some(path) = &config.otlp_listen_bearer_token_file {
+        sinks::read_token(path)
+            .with_context(|| format!("--otlp-listen-bearer-token-file {}", path.display()))?;
+    }
+    if lines.is_empty() {
+        lines.push("no sink configured: pprof files in the default directory".to_owned());
+    }
+    println!("icecore: the configuration is valid");
+    for line in lines {
+        println!("  {line}");
+    }
+    Ok(())
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {

@@ -137,9 +137,14 @@ pub fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
     Ok(token.to_owned())
 }
 
-impl Sinks {
-    /// Creates the sinks named in the settings.
-    pub fn from_config(config: &Config) -> anyhow::Result<Self> {
+/// The exporters the settings name, built but not started.
+struct Exporters {
+    otlp: Option<OtlpExporter>,
+    parca: Option<ParcaExporter>,
+}
+
+impl Exporters {
+    fn build(config: &Config) -> anyhow::Result<Self> {
         let otlp = match &config.otlp {
             Some(endpoint) => {
                 let options = otlp_options(config, &endpoint.url);
@@ -151,11 +156,7 @@ impl Sinks {
                         "--otlp-insecure-skip-verify: the OTLP endpoint's certificate is not checked"
                     );
                 }
-                Some(OtlpPipeline::start(
-                    exporter,
-                    RetryPolicy::default(),
-                    QueueLimits::default(),
-                ))
+                Some(exporter)
             }
             None => None,
         };
@@ -170,19 +171,30 @@ impl Sinks {
                         .with_context(|| format!("--parca-bearer-token-file {}", path.display()))?;
                     headers.push(("authorization".to_owned(), format!("Bearer {token}")));
                 }
-                let exporter = ParcaExporter::new(&ParcaOptions {
-                    headers,
-                    ..ParcaOptions::new(endpoint.url.clone())
-                })
-                .with_context(|| format!("--parca-endpoint {}", endpoint.url))?;
-                Some(ExportPipeline::start(
-                    exporter,
-                    RetryPolicy::default(),
-                    QueueLimits::default(),
-                ))
+                Some(
+                    ParcaExporter::new(&ParcaOptions {
+                        headers,
+                        ..ParcaOptions::new(endpoint.url.clone())
+                    })
+                    .with_context(|| format!("--parca-endpoint {}", endpoint.url))?,
+                )
             }
             None => None,
         };
+        Ok(Exporters { otlp, parca })
+    }
+}
+
+impl Sinks {
+    /// Creates the sinks named in the settings.
+    pub fn from_config(config: &Config) -> anyhow::Result<Self> {
+        let exporters = Exporters::build(config)?;
+        let otlp = exporters.otlp.map(|exporter| {
+            OtlpPipeline::start(exporter, RetryPolicy::default(), QueueLimits::default())
+        });
+        let parca = exporters.parca.map(|exporter| {
+            ExportPipeline::start(exporter, RetryPolicy::default(), QueueLimits::default())
+        });
         let pprof = match &config.pprof_dir {
             Some(dir) => Some(Arc::new(
                 PprofDirWriter::new(
@@ -208,6 +220,37 @@ impl Sinks {
             pprof,
             pprof_is_default: config.pprof_dir_is_default,
         })
+    }
+
+    /// What `--check-config` checks of the sinks, without starting them or
+    /// touching the disk: the exporters build (URLs, TLS files, tokens),
+    /// and the pprof directory is one, or can be made under an existing
+    /// one. One line per sink on success.
+    pub fn check(config: &Config) -> anyhow::Result<Vec<String>> {
+        let exporters = Exporters::build(config)?;
+        let mut lines = Vec::new();
+        if let Some(otlp) = &config.otlp {
+            lines.push(format!("OTLP profiles to {}", otlp.url));
+        }
+        if let Some(parca) = &config.parca {
+            lines.push(format!("pprof to Parca at {}", parca.url));
+        }
+        drop(exporters);
+        if let Some(dir) = &config.pprof_dir {
+            let usable = match std::fs::metadata(dir) {
+                Ok(meta) => meta.is_dir(),
+                Err(_) => dir
+                    .ancestors()
+                    .skip(1)
+                    .find(|a| !a.as_os_str().is_empty() && a.exists())
+                    .is_some_and(|a| a.is_dir()),
+            };
+            if !usable {
+                anyhow::bail!("--pprof-dir {}: not a directory", dir.display());
+            }
+            lines.push(format!("pprof files in {}", dir.display()));
+        }
+        Ok(lines)
     }
 
     /// One log line per sink, saying where profiles go.

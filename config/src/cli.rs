@@ -167,6 +167,10 @@ pub(crate) struct Cli {
     /// Log level (error, warn, info, debug, trace) or filter like info,icecore_receiver=debug [default: info]
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
+
+    /// Check the settings (flags, config file, environment) and the files they name, say where profiles would go, and exit without sampling
+    #[arg(long)]
+    check_config: bool,
 }
 
 /// The clap command behind [`Cli`], for help text and shell completions.
@@ -187,6 +191,11 @@ impl Cli {
     /// The config file named by `--config`, if any.
     pub(crate) fn config_path(&self) -> Option<&PathBuf> {
         self.config.as_ref()
+    }
+
+    /// Whether `--check-config` asks for a dry run.
+    pub(crate) fn check_only(&self) -> bool {
+        self.check_config
     }
 
     /// Checks every flag's value, returning the settings the flags give.

@@ -141,6 +141,8 @@ pub struct Config {
     pub kubernetes_ca_file: Option<PathBuf>,
     /// Whether OTLP resources carry `process.command_line`.
     pub command_line_attribute: bool,
+    /// `--check-config`: check the settings and exit without sampling.
+    pub check_only: bool,
     /// The Docker Engine socket to name containers by: `None` for the
     /// default one if it exists.
     pub docker_socket: Option<DockerSocket>,
@@ -397,6 +399,7 @@ impl Settings {
             kubernetes_token_file: self.kubernetes_token_file,
             kubernetes_ca_file: self.kubernetes_ca_file,
             command_line_attribute: self.command_line_attribute.unwrap_or(false),
+            check_only: false,
             docker_socket: self.docker_socket,
             otlp_listen: self.otlp_listen,
             parca: self.parca,
@@ -468,7 +471,11 @@ impl Config {
             None => Settings::default(),
         };
         let env = env::settings(env)?;
-        flags.over(file).over(env).resolve().checked()
+        let config = flags.over(file).over(env).resolve().checked()?;
+        Ok(Config {
+            check_only: cli.check_only(),
+            ..config
+        })
     }
 
     /// Checks settings that must agree with each other.
