@@ -1,4 +1,5 @@
-//! The agent's own HTTP endpoints on `--http-address`: `/healthz`,
+//! The agent's own HTTP endpoints on `--http-address`: `/healthz` (the
+//! process serves), `/readyz` (it samples and its sinks deliver),
 //! Prometheus `/metrics` of every part's counters, and the pull endpoint
 //! `/debug/pprof/profile?seconds=N` (see `pull`).
 
@@ -51,11 +52,12 @@ pub fn serve(listener: tokio::net::TcpListener, stats: Sources) {
         .local_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
     info!(
-        "serving /metrics and /healthz on http://{bound} (and /debug/pprof/profile, /debug/pprof/symbol)"
+        "serving /metrics, /healthz and /readyz on http://{bound} (and /debug/pprof/profile, /debug/pprof/symbol)"
     );
     let refused = stats.http_refused_connections.clone();
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/debug/pprof/profile", get(pprof_profile))
         .route(
@@ -78,6 +80,35 @@ pub fn serve(listener: tokio::net::TcpListener, stats: Sources) {
             }
         },
     );
+}
+
+/// `GET /readyz`: 200 once sampling produced its first batch while no
+/// sink's last export failed, else 503 with one line per reason (a
+/// DaemonSet's readiness probe; `/healthz` stays 200 meanwhile, so that a
+/// backend being down does not restart the agent).
+async fn readyz(State(sources): State<Sources>) -> Response {
+    let mut unready = Vec::new();
+    let batches = sources.profiler.lock().map_or(0, |stats| stats.batches);
+    if batches == 0 {
+        unready.push("sampling: no batch produced yet".to_owned());
+    }
+    for (sink, stats) in [("otlp", &sources.otlp), ("parca", &sources.parca)] {
+        if stats
+            .as_ref()
+            .is_some_and(|s| s.last_export_failed.load(Relaxed))
+        {
+            unready.push(format!("{sink}: the last export failed"));
+        }
+    }
+    if unready.is_empty() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready:\n{}\n", unready.join("\n")),
+        )
+            .into_response()
+    }
 }
 
 /// `GET /debug/pprof/symbol`, as Go's net/http/pprof answers it: symbol

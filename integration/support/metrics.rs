@@ -88,7 +88,7 @@ impl Icecore {
     /// The address of the HTTP endpoint, from the "serving /metrics … on
     /// http://ADDR" log line (waits up to `timeout` for it).
     pub fn http_address(&self, timeout: Duration) -> SocketAddr {
-        const MARK: &str = "serving /metrics and /healthz on http://";
+        const MARK: &str = "serving /metrics, /healthz and /readyz on http://";
         let deadline = Instant::now() + timeout;
         loop {
             let stderr = self.stderr();

@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,9 @@ pub struct ExportStats {
     pub dropped_at_shutdown: AtomicU64,
     /// Requests dropped, for any of the reasons above.
     pub dropped_requests: AtomicU64,
+    /// Whether the last attempt to send failed (none yet: false), for
+    /// readiness.
+    pub last_export_failed: AtomicBool,
     /// Requests waiting now (gauge).
     pub queued_requests: AtomicU64,
     /// Encoded bytes waiting now (gauge).
@@ -245,10 +248,12 @@ async fn send_loop<S: RequestSender>(shared: Arc<Shared<S>>) {
                     let stats = &shared.stats;
                     stats.sent_requests.fetch_add(1, Relaxed);
                     stats.sent_samples.fetch_add(request.samples, Relaxed);
+                    stats.last_export_failed.store(false, Relaxed);
                     stats.rejected_profiles.fetch_add(rejected, Relaxed);
                     break;
                 }
                 Err(e) => {
+                    shared.stats.last_export_failed.store(true, Relaxed);
                     let retryable = match &e {
                         ExportError::Rpc { status, .. } => is_retryable(status.code()),
                         _ => false,
