@@ -52,11 +52,32 @@ const WARM_UP: Duration = Duration::from_secs(6);
 const SPLIT: [(&str, f64); 3] = [("alpha", 50.0), ("beta", 30.0), ("gamma", 20.0)];
 const TOLERANCE_PP: f64 = 5.0;
 /// The lines of `JvmSplit.leaf`'s body.
-const LEAF_LINES: std::ops::RangeInclusive<i64> = 40..=47;
+fn leaf_lines() -> std::ops::RangeInclusive<i64> {
+    fixture_line("long stop = cpu() + budgetNanos;")..=fixture_line("return x;")
+}
 /// The line of `JvmSplit.step`'s body.
-const STEP_LINE: i64 = 36;
+fn step_line() -> i64 {
+    fixture_line("return x + ((i * 31) ^ (x >>> 7));")
+}
 /// The line of `JvmSplit.cpu`'s body (its call to the thread MX bean).
-const CPU_LINE: i64 = 32;
+fn cpu_line() -> i64 {
+    fixture_line("return THREADS.getCurrentThreadCpuTime();")
+}
+
+/// The line of the fixture's source that holds `text` (exactly once).
+fn fixture_line(text: &str) -> i64 {
+    let source =
+        std::fs::read_to_string(support::package_dir().join("integration/fixtures/JvmSplit.java"))
+            .expect("the fixture's source");
+    let found: Vec<usize> = source
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains(text))
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert_eq!(found.len(), 1, "{text:?} on lines {found:?} of the fixture");
+    found[0] as i64
+}
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
@@ -205,9 +226,9 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
         // Exact: `step`, inlined into `leaf`'s loop, at its own line.
         // Without the option: `cpu`, inlined into `leaf`, at its call.
         let (inner, line) = if exact {
-            ("JvmSplit.step", STEP_LINE)
+            ("JvmSplit.step", step_line())
         } else {
-            ("JvmSplit.cpu", CPU_LINE)
+            ("JvmSplit.cpu", cpu_line())
         };
         let in_inner = count_where(&samples, |s| s.contains(inner));
         let inlined = count_where(&samples, |s| {
@@ -280,12 +301,13 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
             .filter(|f| {
                 !is_jvm(f)
                     || f.filename.as_deref() != Some("JvmSplit.java")
-                    || !LEAF_LINES.contains(&f.line)
+                    || !leaf_lines().contains(&f.line)
             })
             .collect();
         if leaves.is_empty() || !wrong.is_empty() {
             failures.push(format!(
-                "{label}: leaf frames not of type jvm at JvmSplit.java:{LEAF_LINES:?}: {:?}",
+                "{label}: leaf frames not of type jvm at JvmSplit.java:{:?}: {:?}",
+                leaf_lines(),
                 &wrong[..wrong.len().min(3)]
             ));
         }

@@ -201,18 +201,3 @@ fn c2_code_made_not_entrant(log: &str, method: &str) -> bool {
         line.contains("made not entrant") && words.windows(2).any(|w| w[0] == "4" && w[1] == method)
     })
 }
-
-/// The line of the fixture's source that holds `text` (exactly once).
-fn fixture_line(text: &str) -> i64 {
-    let source =
-        std::fs::read_to_string(support::package_dir().join("integration/fixtures/JvmSplit.java"))
-            .expect("the fixture's source");
-    let found: Vec<usize> = source
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| l.contains(text))
-        .map(|(i, _)| i + 1)
-        .collect();
-    assert_eq!(found.len(), 1, "{text:?} on lines {found:?} of the fixture");
-    found[0] as i64
-}
