@@ -153,6 +153,7 @@ fn every_shipped_config_passes_check_config_and_a_broken_one_fails() {
         "systemd/icecore.yaml",
         "collector/icecore.yaml",
         "parca/icecore.yaml",
+        "pyroscope/icecore.yaml",
     ] {
         let (code, text) = check_config(&deploy_file(file));
         println!("{TEST}: {file}: {code} {text}");
@@ -172,6 +173,11 @@ fn every_shipped_config_passes_check_config_and_a_broken_one_fails() {
             "parca-bearer-token-file",
         ),
         ("pprof_dir: /etc/passwd\n", "pprof-dir"),
+        (
+            "pyroscope_endpoint: http://p:4040\npyroscope_tenant_id: \"a b\"\n",
+            "pyroscope_tenant_id",
+        ),
+        ("pyroscope_tenant_id: team-a\n", "pyroscope_endpoint"),
     ] {
         let file = dir.path().join("broken.yaml");
         std::fs::write(&file, broken).unwrap();

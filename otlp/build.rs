@@ -1,5 +1,6 @@
-//! Generates the pprof message types from the vendored `proto/profile.proto`
-//! and Parca's profile store API from `proto/parca/…/profilestore.proto`.
+//! Generates the pprof message types from the vendored `proto/profile.proto`,
+//! Parca's profile store API from `proto/parca/…/profilestore.proto` and
+//! the messages of Pyroscope's push API from `proto/pyroscope/push.proto`.
 //! protox parses the schemas in-process because no `protoc` binary is available.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -14,5 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(false)
         .build_server(true)
         .compile_fds(parca)?;
+    let pyroscope = protox::compile(["pyroscope/push.proto"], ["proto"])?;
+    prost_build::Config::new().compile_fds(pyroscope)?;
     Ok(())
 }

@@ -35,6 +35,8 @@ pub struct Sources {
     pub otlp: Option<Arc<ExportStats>>,
     /// The Parca exporter's counters, when one is configured.
     pub parca: Option<Arc<ExportStats>>,
+    /// The Pyroscope exporter's counters, when one is configured.
+    pub pyroscope: Option<Arc<ExportStats>>,
     /// The OTLP receiver's counters, when it runs.
     pub receiver: Option<ReceiverMetrics>,
     /// Batches for `/debug/pprof/profile`.
@@ -92,7 +94,11 @@ async fn readyz(State(sources): State<Sources>) -> Response {
     if batches == 0 {
         unready.push("sampling: no batch produced yet".to_owned());
     }
-    for (sink, stats) in [("otlp", &sources.otlp), ("parca", &sources.parca)] {
+    for (sink, stats) in [
+        ("otlp", &sources.otlp),
+        ("parca", &sources.parca),
+        ("pyroscope", &sources.pyroscope),
+    ] {
         if stats
             .as_ref()
             .is_some_and(|s| s.last_export_failed.load(Relaxed))
@@ -179,6 +185,9 @@ async fn metrics(State(sources): State<Sources>) -> impl IntoResponse {
     let mut text = render(&snapshot);
     if let Some(otlp) = &sources.otlp {
         render_export(&mut text, "otlp", otlp);
+    }
+    if let Some(pyroscope) = &sources.pyroscope {
+        render_export(&mut text, "pyroscope", pyroscope);
     }
     if let Some(parca) = &sources.parca {
         render_export(&mut text, "parca", parca);

@@ -167,6 +167,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             profiler: profiler.stats(),
             otlp: sinks.otlp_stats(),
             parca: sinks.parca_stats(),
+            pyroscope: sinks.pyroscope_stats(),
             receiver,
             pull: sinks.pull_hub(),
             pprof: sinks.pprof_stats(),
@@ -204,6 +205,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         export_failures = sink_report.batches_failed,
         otlp_samples_dropped = sink_report.otlp_samples_dropped,
         parca_samples_dropped = sink_report.parca_samples_dropped,
+        pyroscope_samples_dropped = sink_report.pyroscope_samples_dropped,
         "icecore stopped"
     );
     if sink_report.batches_failed > 0 {
@@ -214,9 +216,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     if sink_report.a_sink_got_nothing {
         anyhow::bail!(
-            "no profile reached a configured endpoint during the run ({} OTLP and {} Parca samples dropped); see the warnings above",
+            "no profile reached a configured endpoint during the run ({} OTLP, {} Parca and {} Pyroscope samples dropped); see the warnings above",
             sink_report.otlp_samples_dropped,
-            sink_report.parca_samples_dropped
+            sink_report.parca_samples_dropped,
+            sink_report.pyroscope_samples_dropped
         );
     }
     Ok(())

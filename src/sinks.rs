@@ -9,8 +9,8 @@ use anyhow::Context;
 use icecore_config::{BearerToken, Config, OtlpCompression};
 use icecore_otlp::{
     Compression, ExportPipeline, ExportStats, OtlpExporter, OtlpExporterOptions, OtlpPipeline,
-    ParcaExporter, ParcaOptions, PprofDirStats, PprofDirWriter, PprofRetention, QueueLimits,
-    ResourceAttributes, RetryPolicy, TlsOptions,
+    ParcaExporter, ParcaOptions, PprofDirStats, PprofDirWriter, PprofRetention, PyroscopeExporter,
+    PyroscopeOptions, QueueLimits, ResourceAttributes, RetryPolicy, TlsOptions,
     model::ProfileBatch,
     receive::{ReceivedProfiles, Reservation},
 };
@@ -29,6 +29,7 @@ const MAX_TOKEN_BYTES: u64 = 64 << 10;
 pub struct Sinks {
     otlp: Option<OtlpPipeline>,
     parca: Option<ExportPipeline<ParcaExporter>>,
+    pyroscope: Option<ExportPipeline<PyroscopeExporter>>,
     pprof: Option<Arc<PprofDirWriter>>,
     pprof_is_default: bool,
     pull: Arc<PullHub>,
@@ -49,6 +50,8 @@ pub struct SinkReport {
     pub otlp_samples_dropped: u64,
     /// Samples the Parca exporter could not deliver.
     pub parca_samples_dropped: u64,
+    /// Samples the Pyroscope exporter could not deliver.
+    pub pyroscope_samples_dropped: u64,
     /// Whether some push sink delivered nothing at all while dropping
     /// samples: the run's profiles never reached it.
     pub a_sink_got_nothing: bool,
@@ -141,6 +144,7 @@ pub fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
 struct Exporters {
     otlp: Option<OtlpExporter>,
     parca: Option<ParcaExporter>,
+    pyroscope: Option<PyroscopeExporter>,
 }
 
 impl Exporters {
@@ -181,7 +185,23 @@ impl Exporters {
             }
             None => None,
         };
-        Ok(Exporters { otlp, parca })
+        let pyroscope = match &config.pyroscope {
+            Some(endpoint) => Some(
+                PyroscopeExporter::new(&PyroscopeOptions {
+                    basic_auth: endpoint.basic_auth.as_ref().map(|b| b.expose().to_owned()),
+                    bearer_token_file: config.pyroscope_bearer_token_file.clone(),
+                    tenant_id: config.pyroscope_tenant_id.clone(),
+                    ..PyroscopeOptions::new(endpoint.url.clone())
+                })
+                .with_context(|| format!("--pyroscope-endpoint {}", endpoint.url))?,
+            ),
+            None => None,
+        };
+        Ok(Exporters {
+            otlp,
+            parca,
+            pyroscope,
+        })
     }
 }
 
@@ -193,6 +213,9 @@ impl Sinks {
             OtlpPipeline::start(exporter, RetryPolicy::default(), QueueLimits::default())
         });
         let parca = exporters.parca.map(|exporter| {
+            ExportPipeline::start(exporter, RetryPolicy::default(), QueueLimits::default())
+        });
+        let pyroscope = exporters.pyroscope.map(|exporter| {
             ExportPipeline::start(exporter, RetryPolicy::default(), QueueLimits::default())
         });
         let pprof = match &config.pprof_dir {
@@ -216,6 +239,7 @@ impl Sinks {
                 .collect(),
             otlp,
             parca,
+            pyroscope,
             pull: Arc::new(PullHub::new(config.reporter_interval)),
             pprof,
             pprof_is_default: config.pprof_dir_is_default,
@@ -234,6 +258,9 @@ impl Sinks {
         }
         if let Some(parca) = &config.parca {
             lines.push(format!("pprof to Parca at {}", parca.url));
+        }
+        if let Some(pyroscope) = &config.pyroscope {
+            lines.push(format!("pprof to Pyroscope at {}", pyroscope.url));
         }
         drop(exporters);
         if let Some(dir) = &config.pprof_dir {
@@ -261,6 +288,12 @@ impl Sinks {
         }
         if let Some(parca) = &self.parca {
             lines.push(format!("sending pprof to Parca at {}", parca.endpoint()));
+        }
+        if let Some(pyroscope) = &self.pyroscope {
+            lines.push(format!(
+                "sending pprof to Pyroscope at {}",
+                pyroscope.endpoint()
+            ));
         }
         if let Some(pprof) = &self.pprof {
             if self.pprof_is_default {
@@ -290,6 +323,11 @@ impl Sinks {
         self.parca.as_ref().map(ExportPipeline::stats)
     }
 
+    /// The Pyroscope exporter's counters, when there is one.
+    pub fn pyroscope_stats(&self) -> Option<Arc<ExportStats>> {
+        self.pyroscope.as_ref().map(ExportPipeline::stats)
+    }
+
     /// The pprof directory's retention counters, when there is one.
     pub fn pprof_stats(&self) -> Option<Arc<PprofDirStats>> {
         self.pprof.as_ref().map(|w| w.stats())
@@ -309,7 +347,8 @@ impl Sinks {
     ) -> SinkReport {
         let mut report = SinkReport::default();
         let mut pending = ReceivedBatches::default();
-        let merge_received = self.pprof.is_some() || self.parca.is_some();
+        let merge_received =
+            self.pprof.is_some() || self.parca.is_some() || self.pyroscope.is_some();
         loop {
             // Local batches until the source stops; received OTLP meanwhile.
             tokio::select! {
@@ -346,7 +385,7 @@ impl Sinks {
         for (batch, _held) in pending.take() {
             self.deliver(batch, &mut report).await;
         }
-        // Both pipelines flush at once, within one grace period.
+        // The pipelines flush at once, within one grace period.
         let otlp = async {
             match self.otlp {
                 Some(p) => Some(p.shutdown(OTLP_SHUTDOWN_GRACE).await),
@@ -359,17 +398,28 @@ impl Sinks {
                 None => None,
             }
         };
-        let (otlp, parca) = tokio::join!(otlp, parca);
+        let pyroscope = async {
+            match self.pyroscope {
+                Some(p) => Some(p.shutdown(OTLP_SHUTDOWN_GRACE).await),
+                None => None,
+            }
+        };
+        let (otlp, parca, pyroscope) = tokio::join!(otlp, parca, pyroscope);
         if let Some(stats) = otlp {
             report.add_pipeline(&stats, |r, dropped| r.otlp_samples_dropped = dropped);
         }
         if let Some(stats) = parca {
             report.add_pipeline(&stats, |r, dropped| r.parca_samples_dropped = dropped);
         }
+        if let Some(stats) = pyroscope {
+            report.add_pipeline(&stats, |r, dropped| {
+                r.pyroscope_samples_dropped = dropped;
+            });
+        }
         report
     }
 
-    /// Hands a batch of the model to Parca, the pulls and the pprof directory.
+    /// Hands a batch of the model to Parca, Pyroscope, the pulls and the pprof directory.
     /// Adds the external labels to every process of `batch` that lacks one.
     /// (Received OTLP forwarded to OTLP keeps the sender's resources as sent.)
     fn label(&self, batch: &mut ProfileBatch) {
@@ -385,6 +435,9 @@ impl Sinks {
         self.label(&mut batch);
         if let Some(parca) = &self.parca {
             parca.submit(&batch);
+        }
+        if let Some(pyroscope) = &self.pyroscope {
+            pyroscope.submit(&batch);
         }
         let batch = Arc::new(batch);
         self.pull.publish(batch.clone());

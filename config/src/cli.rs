@@ -103,6 +103,18 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "FILE")]
     parca_bearer_token_file: Option<String>,
 
+    /// Grafana Pyroscope server to push pprof to (push.v1.PusherService/Push, Connect protocol): http://HOST:4040 or https://…; user:password@ in the URL is sent as basic auth [default: none]
+    #[arg(long, value_name = "URL")]
+    pyroscope_endpoint: Option<String>,
+
+    /// File holding a bearer token for the Pyroscope server [default: none]
+    #[arg(long, value_name = "FILE")]
+    pyroscope_bearer_token_file: Option<String>,
+
+    /// Tenant sent to the Pyroscope server as X-Scope-OrgID [default: none]
+    #[arg(long, value_name = "ID")]
+    pyroscope_tenant_id: Option<String>,
+
     /// Serve an OTLP Profiles receiver (gRPC and HTTP /v1development/profiles) on IP:PORT, or PORT on 127.0.0.1, and forward what it gets to the sinks [default: off]
     #[arg(long, value_name = "ADDR")]
     otlp_listen: Option<String>,
@@ -301,6 +313,21 @@ impl Cli {
             self.parca_bearer_token_file.as_deref(),
             export::token_file,
         )?;
+        let pyroscope = check(
+            "pyroscope-endpoint",
+            self.pyroscope_endpoint.as_deref(),
+            validate::otlp_endpoint,
+        )?;
+        let pyroscope_bearer_token_file = check(
+            "pyroscope-bearer-token-file",
+            self.pyroscope_bearer_token_file.as_deref(),
+            export::token_file,
+        )?;
+        let pyroscope_tenant_id = check(
+            "pyroscope-tenant-id",
+            self.pyroscope_tenant_id.as_deref(),
+            export::tenant_id,
+        )?;
         let otlp_listen = check(
             "otlp-listen",
             self.otlp_listen.as_deref(),
@@ -416,6 +443,9 @@ impl Cli {
             otlp_listen_memory_bytes,
             parca,
             parca_bearer_token_file,
+            pyroscope,
+            pyroscope_bearer_token_file,
+            pyroscope_tenant_id,
             pprof_dir,
             pprof_max_files,
             pprof_max_bytes,

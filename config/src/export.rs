@@ -258,6 +258,18 @@ pub(crate) fn service_name(text: &str) -> Result<String, Invalid> {
     Ok(name.to_owned())
 }
 
+const EXPECTED_TENANT_ID: &str = "1 to 150 letters, digits or !-_.*'(), like team-a";
+
+/// A tenant ID as Grafana's multi-tenant servers accept it in
+/// `X-Scope-OrgID`.
+pub(crate) fn tenant_id(value: &str) -> Result<String, Invalid> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "!-_.*'()".contains(c);
+    if value.is_empty() || value.len() > 150 || !value.chars().all(allowed) {
+        return Err(Invalid::new(EXPECTED_TENANT_ID));
+    }
+    Ok(value.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

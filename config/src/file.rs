@@ -15,7 +15,7 @@ use crate::{ConfigError, Settings};
 mod lists;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 37] = [
+pub const KEYS: [&str; 40] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -42,6 +42,9 @@ pub const KEYS: [&str; 37] = [
     "otlp_listen_memory",
     "parca_endpoint",
     "parca_bearer_token_file",
+    "pyroscope_endpoint",
+    "pyroscope_bearer_token_file",
+    "pyroscope_tenant_id",
     "pprof_dir",
     "pprof_max_files",
     "pprof_max_bytes",
@@ -220,6 +223,10 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         otlp_listen: reader.string("otlp_listen", export::listen_address)?,
         parca: reader.string("parca_endpoint", validate::otlp_endpoint)?,
         parca_bearer_token_file: reader.string("parca_bearer_token_file", export::token_file)?,
+        pyroscope: reader.string("pyroscope_endpoint", validate::otlp_endpoint)?,
+        pyroscope_bearer_token_file: reader
+            .string("pyroscope_bearer_token_file", export::token_file)?,
+        pyroscope_tenant_id: reader.string("pyroscope_tenant_id", export::tenant_id)?,
         otlp_listen_bearer_token_file: reader
             .string("otlp_listen_bearer_token_file", export::token_file)?,
         otlp_listen_memory_bytes: reader.integer(

@@ -150,6 +150,12 @@ pub struct Config {
     pub parca: Option<OtlpEndpoint>,
     /// Bearer token file for the Parca server, if any.
     pub parca_bearer_token_file: Option<PathBuf>,
+    /// A Grafana Pyroscope server to push pprof to, if any.
+    pub pyroscope: Option<OtlpEndpoint>,
+    /// Bearer token file for the Pyroscope server, if any.
+    pub pyroscope_bearer_token_file: Option<PathBuf>,
+    /// The tenant sent to Pyroscope as `X-Scope-OrgID`, if any.
+    pub pyroscope_tenant_id: Option<String>,
     /// Where to serve the OTLP Profiles receiver (gRPC and HTTP), if at all.
     pub otlp_listen: Option<SocketAddr>,
     /// Token file the receiver's clients must present as `Bearer`, if any.
@@ -302,6 +308,9 @@ pub(crate) struct Settings {
     pub otlp_listen_memory_bytes: Option<u64>,
     pub parca: Option<OtlpEndpoint>,
     pub parca_bearer_token_file: Option<PathBuf>,
+    pub pyroscope: Option<OtlpEndpoint>,
+    pub pyroscope_bearer_token_file: Option<PathBuf>,
+    pub pyroscope_tenant_id: Option<String>,
     pub pprof_dir: Option<PathBuf>,
     pub pprof_max_files: Option<u64>,
     pub pprof_max_bytes: Option<u64>,
@@ -346,6 +355,11 @@ impl Settings {
             parca_bearer_token_file: self
                 .parca_bearer_token_file
                 .or(lower.parca_bearer_token_file),
+            pyroscope: self.pyroscope.or(lower.pyroscope),
+            pyroscope_bearer_token_file: self
+                .pyroscope_bearer_token_file
+                .or(lower.pyroscope_bearer_token_file),
+            pyroscope_tenant_id: self.pyroscope_tenant_id.or(lower.pyroscope_tenant_id),
             otlp_listen_bearer_token_file: self
                 .otlp_listen_bearer_token_file
                 .or(lower.otlp_listen_bearer_token_file),
@@ -370,8 +384,10 @@ impl Settings {
 
     /// Fills what is unset with the defaults.
     fn resolve(self) -> Config {
-        let pprof_dir_is_default =
-            self.otlp.is_none() && self.parca.is_none() && self.pprof_dir.is_none();
+        let pprof_dir_is_default = self.otlp.is_none()
+            && self.parca.is_none()
+            && self.pyroscope.is_none()
+            && self.pprof_dir.is_none();
         let pprof_dir = if pprof_dir_is_default {
             Some(PathBuf::from(DEFAULT_PPROF_DIR))
         } else {
@@ -404,6 +420,9 @@ impl Settings {
             otlp_listen: self.otlp_listen,
             parca: self.parca,
             parca_bearer_token_file: self.parca_bearer_token_file,
+            pyroscope: self.pyroscope,
+            pyroscope_bearer_token_file: self.pyroscope_bearer_token_file,
+            pyroscope_tenant_id: self.pyroscope_tenant_id,
             otlp_listen_bearer_token_file: self.otlp_listen_bearer_token_file,
             otlp_listen_memory_bytes: self
                 .otlp_listen_memory_bytes
@@ -506,6 +525,21 @@ impl Config {
         {
             Some(
                 "the Parca endpoint URL has credentials and parca_bearer_token_file is set too; use one",
+            )
+        } else if self.pyroscope.is_none()
+            && (self.pyroscope_bearer_token_file.is_some() || self.pyroscope_tenant_id.is_some())
+        {
+            Some(
+                "pyroscope_bearer_token_file or pyroscope_tenant_id is set but pyroscope_endpoint is not",
+            )
+        } else if self
+            .pyroscope
+            .as_ref()
+            .is_some_and(|p| p.basic_auth.is_some())
+            && self.pyroscope_bearer_token_file.is_some()
+        {
+            Some(
+                "the Pyroscope endpoint URL has credentials and pyroscope_bearer_token_file is set too; use one",
             )
         } else if self.otlp_listen.is_some() && self.otlp_listen == Some(self.http_address) {
             Some("otlp_listen and http_address are the same address")

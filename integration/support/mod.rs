@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod native;
 pub mod otlp;
 pub mod pprof;
+pub mod pyroscope;
 pub mod python;
 pub mod python_otlp;
 pub mod receiver;

@@ -16,7 +16,7 @@ mod test_fixtures;
 pub use export::{
     Compression, ExportError, ExportOutcome, ExportPipeline, ExportStats, OtlpExporter,
     OtlpExporterOptions, OtlpPipeline, ParcaExporter, ParcaOptions, PprofDirStats, PprofDirWriter,
-    PprofRetention, QueueLimits, RetryPolicy, TlsOptions,
+    PprofRetention, PyroscopeExporter, PyroscopeOptions, QueueLimits, RetryPolicy, TlsOptions,
 };
 pub use otlp_encode::{ResourceAttributes, encode_request, encode_request_with};
 pub use pprof::{PprofError, encode_gzip, encode_profile};

@@ -2,12 +2,15 @@
 //! Profiles gRPC endpoint, or a directory of gzipped pprof files.
 
 mod grpc_client;
+mod http_client;
 mod otlp;
 pub mod parca;
 mod pipeline;
 mod pprof_dir;
+pub mod pyroscope;
 mod queue;
 mod retry;
+mod series;
 mod tls;
 mod token_file;
 
@@ -18,6 +21,7 @@ pub use otlp::{Accepted, Compression, ExportOutcome, OtlpExporter, OtlpExporterO
 pub use parca::{PARCA_PROFILE_NAME, ParcaExporter, ParcaOptions};
 pub use pipeline::{ExportPipeline, ExportStats, OtlpPipeline, RequestSender};
 pub use pprof_dir::{PprofDirStats, PprofDirWriter, PprofRetention};
+pub use pyroscope::{PyroscopeExporter, PyroscopeOptions};
 pub use queue::{Dropped, ExportQueue, QueueLimits, QueuedRequest};
 pub use retry::{RetryPolicy, is_retryable};
 pub use tls::TlsOptions;
@@ -51,6 +55,22 @@ pub enum ExportError {
         /// What tonic reported.
         #[source]
         source: tonic::transport::Error,
+    },
+    /// TLS could not be set up for an `https://` endpoint of an HTTP exporter.
+    #[error("cannot set up TLS for endpoint {endpoint:?}: {reason}")]
+    TlsSetup {
+        /// The endpoint as given.
+        endpoint: String,
+        /// What rustls reported, or which file was wrong.
+        reason: String,
+    },
+    /// An HTTP exporter's endpoint is not a URL it can use.
+    #[error("invalid endpoint {endpoint:?}: {reason}")]
+    InvalidUrl {
+        /// The endpoint as given.
+        endpoint: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A configured header cannot be sent as gRPC metadata.
     #[error("invalid OTLP header {name:?}: {reason}")]

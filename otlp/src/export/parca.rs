@@ -10,10 +10,10 @@ use prost::Message;
 
 use super::grpc_client::GrpcTarget;
 use super::pipeline::RequestSender;
+use super::series;
 use super::tls::TlsOptions;
 use super::{Compression, ExportError};
-use crate::model::{ProcessProfile, ProfileBatch};
-use crate::pprof::encode_gzip;
+use crate::model::ProfileBatch;
 
 /// Parca's profile store messages and (for tests and embedders) service,
 /// generated from the vendored `proto/parca/profilestore/v1alpha1/profilestore.proto`.
@@ -27,7 +27,7 @@ use proto::{Label, LabelSet, RawProfileSeries, RawSample, WriteRawRequest, Write
 const WRITE_RAW_PATH: &str = "/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw";
 
 /// The `__name__` of icecore's series: Parca's name for on-CPU profiles.
-pub const PARCA_PROFILE_NAME: &str = "process_cpu";
+pub const PARCA_PROFILE_NAME: &str = series::PROFILE_NAME;
 
 /// How to reach a Parca server.
 #[derive(Debug, Clone)]
@@ -84,84 +84,23 @@ impl ParcaExporter {
 
     /// The request for `batch`: one series per process with samples.
     pub fn encode(&self, batch: &ProfileBatch) -> WriteRawRequest {
-        let series = batch
-            .processes
-            .iter()
-            .filter(|p| p.samples.iter().any(|s| s.count > 0))
-            .filter_map(|process| {
-                let one = ProfileBatch {
-                    start_unix_nanos: batch.start_unix_nanos,
-                    duration_nanos: batch.duration_nanos,
-                    period_nanos: batch.period_nanos,
-                    host_name: batch.host_name.clone(),
-                    host: batch.host.clone(),
-                    processes: vec![process.clone()],
-                };
-                match encode_gzip(&one) {
-                    Ok(raw_profile) => Some(RawProfileSeries {
-                        labels: Some(labels(batch, process)),
-                        samples: vec![RawSample {
-                            raw_profile,
-                            executable_info: Vec::new(),
-                        }],
-                    }),
-                    Err(e) => {
-                        tracing::warn!(pid = process.process.pid, "pprof encoding failed: {e}");
-                        None
-                    }
-                }
-            })
-            .collect();
+        let series = series::per_process(batch, |process, raw_profile| RawProfileSeries {
+            labels: Some(LabelSet {
+                labels: series::labels(batch, process)
+                    .into_iter()
+                    .map(|(name, value)| Label { name, value })
+                    .collect(),
+            }),
+            samples: vec![RawSample {
+                raw_profile,
+                executable_info: Vec::new(),
+            }],
+        });
         WriteRawRequest {
             series,
             normalized: false,
             ..WriteRawRequest::default()
         }
-    }
-}
-
-/// The series labels: `__name__`, then the process's identity, all valid
-/// Prometheus label names.
-fn labels(batch: &ProfileBatch, process: &ProcessProfile) -> LabelSet {
-    let info = &process.process;
-    let mut labels = vec![
-        label("__name__", PARCA_PROFILE_NAME),
-        label("pid", &info.pid.to_string()),
-        label("comm", &info.executable_name),
-        label("service_name", &info.service_name),
-    ];
-    if !info.executable_path.is_empty() {
-        labels.push(label("executable", &info.executable_path));
-    }
-    if !info.container_id.is_empty() {
-        labels.push(label("container_id", &info.container_id));
-    }
-    if !info.container_name.is_empty() {
-        labels.push(label("container_name", &info.container_name));
-    }
-    if !info.k8s_pod_uid.is_empty() {
-        labels.push(label("pod_uid", &info.k8s_pod_uid));
-    }
-    for (_, name, value) in info.k8s.fields() {
-        labels.push(label(name, value));
-    }
-    if !batch.host_name.is_empty() {
-        labels.push(label("node", &batch.host_name));
-    }
-    for (name, value) in info.labels.iter() {
-        match labels.iter_mut().find(|l| l.name == **name) {
-            Some(existing) if &**name != "__name__" => existing.value = value.to_string(),
-            Some(_) => {}
-            None => labels.push(label(name, value)),
-        }
-    }
-    LabelSet { labels }
-}
-
-fn label(name: &str, value: &str) -> Label {
-    Label {
-        name: name.to_owned(),
-        value: value.to_owned(),
     }
 }
 

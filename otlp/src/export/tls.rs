@@ -73,6 +73,75 @@ pub(crate) fn configure(
     }
 }
 
+/// A rustls client configuration as `options` say, for the exporters that
+/// speak plain HTTP (Pyroscope): the same checks as [`configure`] gives
+/// tonic's.
+pub(crate) fn client_config(
+    endpoint: &str,
+    options: &TlsOptions,
+) -> Result<rustls::ClientConfig, ExportError> {
+    use rustls::pki_types::{PrivateKeyDer, pem::PemObject};
+    let setup = |reason: String| ExportError::TlsSetup {
+        endpoint: endpoint.to_owned(),
+        reason,
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let algorithms = provider.signature_verification_algorithms;
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| setup(e.to_string()))?;
+    let builder = match (&options.ca_file, options.insecure_skip_verify) {
+        (Some(_), true) => {
+            return Err(ExportError::TlsConflict {
+                endpoint: endpoint.to_owned(),
+            });
+        }
+        (None, true) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCertificate { algorithms })),
+        (ca_file, false) => {
+            let mut roots = rustls::RootCertStore::empty();
+            match ca_file {
+                Some(path) => {
+                    let pem = read_pem(path)?;
+                    for cert in CertificateDer::pem_slice_iter(&pem) {
+                        let cert = cert.map_err(|e| setup(format!("{}: {e}", path.display())))?;
+                        roots
+                            .add(cert)
+                            .map_err(|e| setup(format!("{}: {e}", path.display())))?;
+                    }
+                }
+                None => {
+                    let found = rustls_native_certs::load_native_certs();
+                    for cert in found.certs {
+                        // One unparsable system certificate is no reason to fail.
+                        let _ = roots.add(cert);
+                    }
+                }
+            }
+            if roots.is_empty() {
+                return Err(setup(
+                    "no root certificate to verify the server with".into(),
+                ));
+            }
+            builder.with_root_certificates(roots)
+        }
+    };
+    match &options.client_identity {
+        Some((cert, key)) => {
+            let certs = CertificateDer::pem_slice_iter(&read_pem(cert)?)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| setup(format!("{}: {e}", cert.display())))?;
+            let key = PrivateKeyDer::from_pem_slice(&read_pem(key)?)
+                .map_err(|e| setup(format!("{}: {e}", key.display())))?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| setup(e.to_string()))
+        }
+        None => Ok(builder.with_no_client_auth()),
+    }
+}
+
 fn read_pem(path: &Path) -> Result<Vec<u8>, ExportError> {
     use std::io::Read;
     let error = |source| ExportError::TlsFile {
