@@ -43,6 +43,8 @@ pub struct Sources {
     pub pull: Arc<PullHub>,
     /// The pprof directory's retention, when pprof files are written.
     pub pprof: Option<Arc<PprofDirStats>>,
+    /// The self-traces exporter's counters, with `--self-traces`.
+    pub self_traces: Option<Arc<crate::self_traces::SelfTraceStats>>,
     /// Connections this endpoint refused at its limit.
     pub http_refused_connections: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -194,6 +196,26 @@ async fn metrics(State(sources): State<Sources>) -> impl IntoResponse {
     }
     if let Some(receiver) = &sources.receiver {
         render_receiver(&mut text, receiver);
+    }
+    if let Some(traces) = &sources.self_traces {
+        for (name, help, value) in [
+            (
+                "sent_spans_total",
+                "icecore's own spans an OTLP endpoint accepted (--self-traces).",
+                &traces.sent_spans,
+            ),
+            (
+                "dropped_spans_total",
+                "icecore's own spans dropped: hand-over queue full or export failed.",
+                &traces.dropped_spans,
+            ),
+        ] {
+            let _ = writeln!(
+                text,
+                "# HELP icecore_self_traces_{name} {help}\n# TYPE icecore_self_traces_{name} counter\nicecore_self_traces_{name} {}",
+                value.load(Relaxed)
+            );
+        }
     }
     if let Some(pprof) = &sources.pprof {
         for (name, help, value) in [

@@ -6,20 +6,21 @@
 mod allocator;
 mod http;
 mod labeler;
+mod logging;
 mod otlp_listen;
 mod pull;
+mod self_traces;
 mod serve;
 mod shutdown;
 mod sinks;
 
-use std::{io::IsTerminal, process::ExitCode, sync::Arc};
+use std::{process::ExitCode, sync::Arc};
 
 use anyhow::Context;
 use icecore_config::{Config, ConfigError};
 use icecore_receiver::{CpuProfiler, ProfilerOptions, SamplerOptions};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
-use tracing_subscriber::EnvFilter;
 
 /// Batches waiting for the sinks; the source blocks (and keeps aggregating)
 /// when the sinks fall this far behind.
@@ -35,14 +36,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour codes only on a terminal: journald and log files get plain text.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -54,6 +47,30 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The traces exporter's sender is a task: started inside the runtime.
+    let traces = match self_traces::endpoint(&config).and_then(|endpoint| {
+        let _inside = runtime.enter();
+        endpoint
+            .map(|endpoint| {
+                self_traces::start(
+                    endpoint,
+                    &config.otlp_headers,
+                    &icecore_receiver::host::host_name(),
+                )
+            })
+            .transpose()
+    }) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("icecore: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    logging::init(
+        &config.log_level,
+        config.log_format,
+        traces.as_ref().map(|t| t.layer()),
+    );
     if config.check_only {
         return match runtime.block_on(check_config(&config)) {
             Ok(()) => ExitCode::SUCCESS,
@@ -63,7 +80,12 @@ fn main() -> ExitCode {
             }
         };
     }
-    match runtime.block_on(run(config)) {
+    let stats = traces.as_ref().map(|t| t.stats.clone());
+    let result = runtime.block_on(run(config, stats));
+    if let Some(traces) = traces {
+        traces.finish(&runtime);
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -92,7 +114,10 @@ async fn check_config(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(
+    config: Config,
+    self_traces: Option<Arc<self_traces::SelfTraceStats>>,
+) -> anyhow::Result<()> {
     info!(version = env!("CARGO_PKG_VERSION"), "icecore starting");
     // Before anything else: without privileges, nothing below can work, and
     // that is the one thing to tell the user.
@@ -142,7 +167,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
             default.exists().then(|| default.to_path_buf())
         }
     };
-    let profiler = CpuProfiler::start(&options).context("cannot start sampling")?;
+    // Loading the programs and describing every running process.
+    let profiler = tracing::info_span!("startup")
+        .in_scope(|| CpuProfiler::start(&options))
+        .context("cannot start sampling")?;
     let mut receiver = None;
     let received = match otlp_listener {
         Some((listener, auth)) => {
@@ -171,6 +199,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             receiver,
             pull: sinks.pull_hub(),
             pprof: sinks.pprof_stats(),
+            self_traces,
             http_refused_connections: Arc::default(),
         },
     );

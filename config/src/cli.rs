@@ -180,6 +180,14 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
 
+    /// Log line format on stderr: text, json (one object per line) or logfmt [default: text]
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<String>,
+
+    /// Send icecore's own spans (start-up, process descriptions, table builds, exports) as OTLP traces to the OTLP endpoint, or to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; also turned on by OTEL_TRACES_EXPORTER=otlp [default: off]
+    #[arg(long)]
+    self_traces: bool,
+
     /// Check the settings (flags, config file, environment) and the files they name, say where profiles would go, and exit without sampling
     #[arg(long)]
     check_config: bool,
@@ -393,6 +401,11 @@ impl Cli {
             validate::http_address,
         )?;
         let log_level = check("log-level", self.log_level.as_deref(), validate::log_level)?;
+        let log_format = check(
+            "log-format",
+            self.log_format.as_deref(),
+            validate::log_format,
+        )?;
         Ok(Settings {
             otlp,
             otlp_headers,
@@ -457,6 +470,9 @@ impl Cli {
             runtimes,
             http_address,
             log_level,
+            log_format,
+            self_traces: self.self_traces.then_some(true),
+            traces_endpoint: None,
         })
     }
 }

@@ -13,6 +13,8 @@
 //! | `OTEL_SERVICE_NAME`, else `service.name` in `OTEL_RESOURCE_ATTRIBUTES` | `service_name` |
 //! | `OTEL_RESOURCE_ATTRIBUTES` | `resource_attributes` |
 //! | `ICECORE_OTLP_BEARER_TOKEN` | the bearer token itself |
+//! | `OTEL_TRACES_EXPORTER` (`otlp` or `none`) | `self_traces` |
+//! | `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` | where icecore's own spans go, instead of `otlp_endpoint` |
 
 use crate::export::{self, BearerToken, EXPECTED_RESOURCE_ATTRIBUTES, Secret};
 use crate::validate::{self, Invalid};
@@ -57,6 +59,21 @@ pub(crate) fn settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Settings,
     }
     let otlp_bearer_token =
         var(BEARER_TOKEN_VAR).map(|token| BearerToken::Value(Secret::new(token.trim())));
+    let traces = |name: &str| var(name).map(|v| (name.to_owned(), v));
+    let traces_endpoint = parse(
+        traces("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        true,
+        validate::otlp_endpoint,
+    )?;
+    // The SDK's variable: `otlp` sends traces, `none` does not; icecore
+    // knows no other exporter.
+    let self_traces = parse(traces("OTEL_TRACES_EXPORTER"), true, |value| {
+        match value.trim() {
+            "otlp" => Ok(true),
+            "none" => Ok(false),
+            _ => Err(Invalid::new("otlp or none")),
+        }
+    })?;
     Ok(Settings {
         otlp,
         otlp_headers,
@@ -68,6 +85,8 @@ pub(crate) fn settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Settings,
         otlp_client_key,
         service_name,
         resource_attributes,
+        traces_endpoint,
+        self_traces,
         ..Settings::default()
     })
 }
@@ -156,6 +175,30 @@ mod tests {
         // Without OTEL_SERVICE_NAME, service.name in the attributes names the service.
         let s = from(&[("OTEL_RESOURCE_ATTRIBUTES", "service.name=shop")]).unwrap();
         assert_eq!(s.service_name.as_deref(), Some("shop"));
+    }
+
+    #[test]
+    fn traces_variables_turn_self_traces_on_and_point_them() {
+        let s = from(&[
+            ("OTEL_TRACES_EXPORTER", "otlp"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4317"),
+        ])
+        .unwrap();
+        assert_eq!(s.self_traces, Some(true));
+        assert_eq!(
+            s.traces_endpoint.map(|e| e.url).as_deref(),
+            Some("http://traces:4317")
+        );
+        assert_eq!(
+            from(&[("OTEL_TRACES_EXPORTER", "none")])
+                .unwrap()
+                .self_traces,
+            Some(false)
+        );
+        let error = from(&[("OTEL_TRACES_EXPORTER", "jaeger")])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("OTEL_TRACES_EXPORTER"), "{error}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::{ConfigError, Settings};
 mod lists;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 40] = [
+pub const KEYS: [&str; 42] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -56,6 +56,8 @@ pub const KEYS: [&str; 40] = [
     "runtimes",
     "http_address",
     "log_level",
+    "log_format",
+    "self_traces",
 ];
 
 /// Largest config file read: a real one is a few hundred bytes, and
@@ -261,6 +263,9 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         runtimes: reader.runtimes()?,
         http_address: reader.string("http_address", validate::http_address)?,
         log_level: reader.string("log_level", validate::log_level)?,
+        log_format: reader.string("log_format", validate::log_format)?,
+        self_traces: reader.boolean("self_traces")?,
+        traces_endpoint: None,
     })
 }
 

@@ -189,6 +189,25 @@ pub struct Config {
     pub http_address: SocketAddr,
     /// A level or a tracing `EnvFilter` directive string.
     pub log_level: String,
+    /// How log lines are written.
+    pub log_format: LogFormat,
+    /// Whether icecore's own spans go out as OTLP traces.
+    pub self_traces: bool,
+    /// Where they go when not to the profiles endpoint
+    /// (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`).
+    pub traces_endpoint: Option<OtlpEndpoint>,
+}
+
+/// How log lines are written on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines (colours on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+    /// `key=value` pairs per line.
+    Logfmt,
 }
 
 /// Why the settings could not be resolved.
@@ -322,6 +341,9 @@ pub(crate) struct Settings {
     pub runtimes: Option<Vec<String>>,
     pub http_address: Option<SocketAddr>,
     pub log_level: Option<String>,
+    pub log_format: Option<LogFormat>,
+    pub self_traces: Option<bool>,
+    pub traces_endpoint: Option<OtlpEndpoint>,
 }
 
 impl Settings {
@@ -379,6 +401,9 @@ impl Settings {
             runtimes: self.runtimes.or(lower.runtimes),
             http_address: self.http_address.or(lower.http_address),
             log_level: self.log_level.or(lower.log_level),
+            log_format: self.log_format.or(lower.log_format),
+            self_traces: self.self_traces.or(lower.self_traces),
+            traces_endpoint: self.traces_endpoint.or(lower.traces_endpoint),
         }
     }
 
@@ -447,6 +472,9 @@ impl Settings {
             log_level: self
                 .log_level
                 .unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_owned()),
+            log_format: self.log_format.unwrap_or_default(),
+            self_traces: self.self_traces.unwrap_or(false),
+            traces_endpoint: self.traces_endpoint,
         }
     }
 }

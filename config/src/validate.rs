@@ -398,6 +398,16 @@ pub(crate) fn http_address(text: &str) -> Result<SocketAddr, Invalid> {
         .map_err(|_| Invalid::new(EXPECTED_HTTP_ADDRESS))
 }
 
+/// A log format: `text`, `json` or `logfmt`.
+pub(crate) fn log_format(text: &str) -> Result<crate::LogFormat, Invalid> {
+    match text.trim() {
+        "text" => Ok(crate::LogFormat::Text),
+        "json" => Ok(crate::LogFormat::Json),
+        "logfmt" => Ok(crate::LogFormat::Logfmt),
+        _ => Err(Invalid::new("text, json or logfmt")),
+    }
+}
+
 /// Checks a log filter: `level` or `target=level` parts separated by commas.
 /// Returns the filter with surrounding whitespace removed.
 pub(crate) fn log_level(text: &str) -> Result<String, Invalid> {

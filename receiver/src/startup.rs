@@ -44,6 +44,7 @@ fn running_pids(targets: &[u32]) -> Vec<u32> {
 
 /// Describes every running process (or every one of `targets`) to BPF and
 /// waits at most `wait` for their unwind tables.
+#[tracing::instrument(name = "describe_processes", skip_all)]
 pub fn describe_running(
     native: &mut NativeUnwindInfo,
     runtimes: &mut Runtimes,

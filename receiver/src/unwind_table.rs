@@ -105,6 +105,7 @@ impl BuiltTable {
 /// Builds the table of the file at `path`, reading only its headers and the
 /// sections the table comes from: a binary's debug information, often most
 /// of its size, is never read.
+#[tracing::instrument(name = "build_unwind_table", skip_all, fields(path = %path.display()))]
 pub fn build_table(path: &Path) -> Result<BuiltTable, TableBuildError> {
     let name = || path.display().to_string();
     let read_error = |source| TableBuildError::Read {

@@ -229,7 +229,15 @@ async fn send_loop<S: RequestSender>(shared: Arc<Shared<S>>) {
                 drop_rest(&shared, request.samples);
                 return;
             }
-            let attempt = shared.exporter.send_body(request.body.clone());
+            let attempt = tracing::Instrument::instrument(
+                shared.exporter.send_body(request.body.clone()),
+                tracing::info_span!(
+                    "export",
+                    endpoint = shared.exporter.endpoint(),
+                    samples = request.samples,
+                    retry
+                ),
+            );
             let result = match deadline {
                 Some(d) => tokio::time::timeout_at(d.into(), attempt)
                     .await
