@@ -178,6 +178,8 @@ fn every_shipped_config_passes_check_config_and_a_broken_one_fails() {
             "pyroscope_tenant_id",
         ),
         ("pyroscope_tenant_id: team-a\n", "pyroscope_endpoint"),
+        ("pprof_dir: /tmp\nself_traces: true\n", "self-traces"),
+        ("log_format: yaml\n", "log_format"),
     ] {
         let file = dir.path().join("broken.yaml");
         std::fs::write(&file, broken).unwrap();

@@ -47,10 +47,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // The traces exporter's sender is a task: started inside the runtime.
+    // The traces exporter's sender is a task: started inside the runtime
+    // (a dry run only checks that it has somewhere to go).
     let traces = match self_traces::endpoint(&config).and_then(|endpoint| {
         let _inside = runtime.enter();
         endpoint
+            .filter(|_| !config.check_only)
             .map(|endpoint| {
                 self_traces::start(
                     endpoint,
