@@ -52,6 +52,11 @@ const TOLERANCE_PP: f64 = 5.0;
 const FIRST_SAMPLES: usize = 20;
 /// The lines of `Split#leaf`'s body in the fixture.
 const LEAF_LINES: std::ops::RangeInclusive<i64> = 21..=30;
+/// `def leaf`: the line a frame is reported at when its `pc` does not lie
+/// in its iseq, as in a frame caught while CRuby's `vm_push_frame` is
+/// still filling it in (the `iseq` stored, the `pc` still the slot's old
+/// one). Rare: at most 1 % of the leaf frames may be there.
+const LEAF_DEF_LINE: i64 = 20;
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
@@ -260,12 +265,21 @@ fn every_cruby_matches_its_split_and_rbspy() {
                         .filename
                         .as_deref()
                         .is_some_and(|p| p.ends_with("ruby_split.rb"))
-                    || !LEAF_LINES.contains(&f.line)
+                    || !(LEAF_LINES.contains(&f.line) || f.line == LEAF_DEF_LINE)
             })
             .collect();
+        let at_def = leaves.iter().filter(|f| f.line == LEAF_DEF_LINE).count();
+        if pct(at_def as u64, leaves.len() as u64) > 1.0 {
+            failures.push(format!(
+                "{label}: {at_def} of {} Split#leaf frames at its def line {LEAF_DEF_LINE}, \
+                 not in its body",
+                leaves.len()
+            ));
+        }
         if leaves.is_empty() || !wrong.is_empty() {
             failures.push(format!(
-                "{label}: Split#leaf frames not of type ruby at ruby_split.rb:{LEAF_LINES:?}: {:?}",
+                "{label}: Split#leaf frames not of type ruby at ruby_split.rb:{LEAF_LINES:?} \
+                 (or {LEAF_DEF_LINE}): {:?}",
                 &wrong[..wrong.len().min(3)]
             ));
         }
