@@ -422,6 +422,7 @@ impl Cli {
             // Rules are long: only the config file holds them.
             relabel_configs: None,
             targets,
+            scrape_configs: None,
             kubernetes_api: match check(
                 "kubelet-url",
                 self.kubelet_url.as_deref(),

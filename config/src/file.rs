@@ -13,9 +13,10 @@ const EXPECTED_RESOURCE_MAPPING: &str =
 use crate::{ConfigError, Settings};
 
 mod lists;
+mod scrape;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 42] = [
+pub const KEYS: [&str; 43] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -30,6 +31,7 @@ pub const KEYS: [&str; 42] = [
     "external_labels",
     "relabel_configs",
     "targets",
+    "scrape_configs",
     "kubernetes_api",
     "kubelet_url",
     "node_name",
@@ -216,6 +218,7 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         )?,
         relabel_configs: reader.relabel_configs()?,
         targets: reader.targets()?,
+        scrape_configs: reader.scrape_configs()?,
         kubernetes_api: reader.pod_source()?,
         node_name: reader.string("node_name", validate::node_name)?,
         kubernetes_token_file: reader.string("kubernetes_token_file", export::token_file)?,

@@ -24,6 +24,7 @@ mod env;
 mod export;
 mod file;
 pub mod relabel;
+pub mod scrape;
 pub mod targets;
 mod validate;
 
@@ -129,6 +130,8 @@ pub struct Config {
     /// The processes to profile; none means every process. Evaluated
     /// before relabeling: a process no target selects is not profiled.
     pub targets: targets::Targets,
+    /// Applications' pprof endpoints to scrape (`scrape_configs`, file only).
+    pub scrape_configs: Vec<scrape::ScrapeConfig>,
     /// Where to read this node's pods: `None` to find out (the service
     /// account's API server when running in a pod).
     pub kubernetes_api: Option<KubernetesApi>,
@@ -316,6 +319,7 @@ pub(crate) struct Settings {
     pub external_labels: Option<Vec<(String, String)>>,
     pub relabel_configs: Option<relabel::RelabelRules>,
     pub targets: Option<targets::Targets>,
+    pub scrape_configs: Option<Vec<scrape::ScrapeConfig>>,
     pub kubernetes_api: Option<KubernetesApi>,
     pub node_name: Option<String>,
     pub kubernetes_token_file: Option<PathBuf>,
@@ -366,6 +370,7 @@ impl Settings {
             external_labels: self.external_labels.or(lower.external_labels),
             relabel_configs: self.relabel_configs.or(lower.relabel_configs),
             targets: self.targets.or(lower.targets),
+            scrape_configs: self.scrape_configs.or(lower.scrape_configs),
             kubernetes_api: self.kubernetes_api.or(lower.kubernetes_api),
             node_name: self.node_name.or(lower.node_name),
             kubernetes_token_file: self.kubernetes_token_file.or(lower.kubernetes_token_file),
@@ -435,6 +440,7 @@ impl Settings {
             external_labels: self.external_labels.unwrap_or_default(),
             relabel_configs: self.relabel_configs.unwrap_or_default(),
             targets: self.targets.unwrap_or_default(),
+            scrape_configs: self.scrape_configs.unwrap_or_default(),
             kubernetes_api: self.kubernetes_api,
             node_name: self.node_name,
             kubernetes_token_file: self.kubernetes_token_file,
