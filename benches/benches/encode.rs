@@ -6,6 +6,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use icecore_benches::Rng;
 use icecore_otlp::model::{
     Frame, FrameKind, Line, Mapping, ProcessInfo, ProcessProfile, ProfileBatch, SampleGroup, Stack,
 };
@@ -17,22 +18,6 @@ const STACKS: usize = 2000;
 const SAMPLES: usize = 20_000;
 const START: u64 = 1_795_324_440_000_000_000;
 const DURATION: u64 = 5_000_000_000;
-
-/// Deterministic xorshift64* so every run benchmarks the same batch.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 fn mapping(name: &str, start: u64, build_id: Option<&str>) -> Arc<Mapping> {
     Arc::new(Mapping {
@@ -152,7 +137,7 @@ fn batch() -> ProfileBatch {
                 stacks[rng.below(stacks.len())].clone(),
                 1000 + (process * 100 + thread) as u32,
                 threads[thread].clone(),
-                (0..n).map(|_| START + rng.next() % DURATION).collect(),
+                (0..n).map(|_| START + rng.next_u64() % DURATION).collect(),
             )
             // An 8-CPU host.
             .on_cpu(rng.below(8) as u32),

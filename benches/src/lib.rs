@@ -117,6 +117,24 @@ fn with_section(existing: &str, name: &str, text: &str) -> String {
     }
 }
 
+/// Deterministic xorshift64*, so every run benchmarks the same input.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next pseudo-random number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
 #[cfg(test)]
 mod section_tests {
     use super::with_section;

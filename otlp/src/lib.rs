@@ -10,6 +10,7 @@ pub mod model;
 pub mod otlp_encode;
 pub mod pprof;
 pub mod receive;
+pub mod scrape;
 #[cfg(test)]
 mod test_fixtures;
 

@@ -142,35 +142,50 @@ impl HttpTarget {
         content_type: &'static str,
         body: Bytes,
     ) -> Result<Bytes, ExportError> {
-        match tokio::time::timeout(self.timeout, self.exchange(path, content_type, body)).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(status)) => Err(self.failed(status)),
-            Err(_) => Err(self.failed(Status::deadline_exceeded(format!(
-                "no answer within {:?}",
-                self.timeout
-            )))),
-        }
+        let request = Request::post(format!("{}{path}", self.base_path))
+            .header(CONTENT_TYPE, content_type)
+            .body(Full::new(body));
+        self.call(request, MAX_RESPONSE_BYTES)
+            .await
+            .map_err(|failure| ExportError::Rpc {
+                endpoint: self.url.clone(),
+                status: Box::new(failure.into_status()),
+            })
     }
 
-    fn failed(&self, status: Status) -> ExportError {
-        ExportError::Rpc {
-            endpoint: self.url.clone(),
-            status: Box::new(status),
+    /// GETs `path_and_query` (below the URL's path) and returns the body of
+    /// a 2xx answer, refusing one over `max_bytes`.
+    pub(crate) async fn get(
+        &self,
+        path_and_query: &str,
+        max_bytes: usize,
+    ) -> Result<Bytes, HttpFailure> {
+        let request = Request::get(format!("{}{path_and_query}", self.base_path))
+            .body(Full::new(Bytes::new()));
+        self.call(request, max_bytes).await
+    }
+
+    async fn call(
+        &self,
+        request: Result<Request<Full<Bytes>>, http::Error>,
+        max_bytes: usize,
+    ) -> Result<Bytes, HttpFailure> {
+        let request = request.map_err(|e| HttpFailure::Exchange(e.to_string()))?;
+        match tokio::time::timeout(self.timeout, self.exchange(request, max_bytes)).await {
+            Ok(result) => result,
+            Err(_) => Err(HttpFailure::Timeout(self.timeout)),
         }
     }
 
     async fn exchange(
         &self,
-        path: &str,
-        content_type: &'static str,
-        body: Bytes,
-    ) -> Result<Bytes, Status> {
-        let mut request = Request::post(format!("{}{path}", self.base_path))
-            .header(HOST, format!("{}:{}", self.host, self.port))
-            .header(CONTENT_TYPE, content_type)
-            .body(Full::new(body))
-            .map_err(|e| Status::internal(e.to_string()))?;
+        mut request: Request<Full<Bytes>>,
+        max_bytes: usize,
+    ) -> Result<Bytes, HttpFailure> {
         let headers = request.headers_mut();
+        if let Ok(host) = HeaderValue::from_str(&format!("{}:{}", self.host, self.port)) {
+            headers.insert(HOST, host);
+        }
         for (name, value) in &self.headers {
             headers.append(name.clone(), value.clone());
         }
@@ -179,7 +194,7 @@ impl HttpTarget {
         {
             headers.insert(AUTHORIZATION, value);
         }
-        let unreachable = |e: std::io::Error| Status::unavailable(format!("cannot connect: {e}"));
+        let unreachable = |e: std::io::Error| HttpFailure::Connect(e.to_string());
         let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
             .await
             .map_err(unreachable)?;
@@ -189,26 +204,77 @@ impl HttpTarget {
                     .connect(name.clone(), tcp)
                     .await
                     .map_err(unreachable)?;
-                send(stream, request).await?
+                send(stream, request, max_bytes).await?
             }
-            None => send(tcp, request).await?,
+            None => send(tcp, request, max_bytes).await?,
         };
         if status.is_success() {
             return Ok(answer);
         }
-        Err(Status::new(
-            connect_code(status, &answer),
-            format!("HTTP {status}: {}", String::from_utf8_lossy(&answer).trim()),
-        ))
+        Err(HttpFailure::Status(status, answer))
     }
 }
 
-/// Sends `request` on a new HTTP/1.1 connection over `stream`.
-async fn send<S>(stream: S, request: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes), Status>
+/// Why an HTTP request got no 2xx answer.
+#[derive(Debug)]
+pub(crate) enum HttpFailure {
+    /// The TCP or TLS connection could not be made.
+    Connect(String),
+    /// No whole answer within the timeout.
+    Timeout(Duration),
+    /// The answer's body was longer than allowed.
+    TooLarge(usize),
+    /// The server answered with this status (and body).
+    Status(StatusCode, Bytes),
+    /// The HTTP exchange broke off.
+    Exchange(String),
+}
+
+impl HttpFailure {
+    /// The gRPC status the exporters' retry logic reads: Connect's mapping
+    /// of HTTP statuses, transport failures as `unavailable`.
+    pub(crate) fn into_status(self) -> Status {
+        match self {
+            HttpFailure::Connect(e) => Status::unavailable(format!("cannot connect: {e}")),
+            HttpFailure::Timeout(t) => Status::deadline_exceeded(format!("no answer within {t:?}")),
+            HttpFailure::TooLarge(limit) => {
+                Status::unavailable(format!("the answer is over {limit} bytes"))
+            }
+            HttpFailure::Status(status, body) => Status::new(
+                connect_code(status, &body),
+                format!("HTTP {status}: {}", String::from_utf8_lossy(&body).trim()),
+            ),
+            HttpFailure::Exchange(e) => Status::unavailable(format!("HTTP exchange failed: {e}")),
+        }
+    }
+}
+
+impl std::fmt::Display for HttpFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HttpFailure::Connect(e) => write!(f, "cannot connect: {e}"),
+            HttpFailure::Timeout(t) => write!(f, "no answer within {t:?}"),
+            HttpFailure::TooLarge(limit) => write!(f, "the answer is over {limit} bytes"),
+            HttpFailure::Status(status, body) => {
+                let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
+                write!(f, "HTTP {status}: {}", text.trim())
+            }
+            HttpFailure::Exchange(e) => write!(f, "HTTP exchange failed: {e}"),
+        }
+    }
+}
+
+/// Sends `request` on a new HTTP/1.1 connection over `stream`; an answer
+/// over `max_bytes` is refused as it arrives.
+async fn send<S>(
+    stream: S,
+    request: Request<Full<Bytes>>,
+    max_bytes: usize,
+) -> Result<(StatusCode, Bytes), HttpFailure>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let broken = |e: hyper::Error| Status::unavailable(format!("HTTP exchange failed: {e}"));
+    let broken = |e: hyper::Error| HttpFailure::Exchange(e.to_string());
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(broken)?;
@@ -219,17 +285,18 @@ where
     let result = match response {
         Ok(response) => {
             let status = response.status();
-            match Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+            match Limited::new(response.into_body(), max_bytes)
                 .collect()
                 .await
             {
                 Ok(body) => Ok((status, body.to_bytes())),
-                Err(e) => Err(Status::unavailable(format!(
-                    "reading the answer failed: {e}"
-                ))),
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                    Err(HttpFailure::TooLarge(max_bytes))
+                }
+                Err(e) => Err(HttpFailure::Exchange(format!("reading the answer: {e}"))),
             }
         }
-        Err(status) => Err(status),
+        Err(failure) => Err(failure),
     };
     driver.abort();
     result

@@ -17,6 +17,7 @@ mod token_file;
 use std::path::PathBuf;
 
 pub use grpc_client::MAX_MESSAGE_BYTES;
+pub(crate) use http_client::{HttpFailure, HttpTarget};
 pub use otlp::{Accepted, Compression, ExportOutcome, OtlpExporter, OtlpExporterOptions};
 pub use parca::{PARCA_PROFILE_NAME, ParcaExporter, ParcaOptions};
 pub use pipeline::{ExportPipeline, ExportStats, OtlpPipeline, RequestSender};

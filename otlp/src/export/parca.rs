@@ -14,6 +14,7 @@ use super::series;
 use super::tls::TlsOptions;
 use super::{Compression, ExportError};
 use crate::model::ProfileBatch;
+use crate::scrape::ScrapedProfile;
 
 /// Parca's profile store messages and (for tests and embedders) service,
 /// generated from the vendored `proto/parca/profilestore/v1alpha1/profilestore.proto`.
@@ -98,6 +99,27 @@ impl ParcaExporter {
         });
         WriteRawRequest {
             series,
+            normalized: false,
+            ..WriteRawRequest::default()
+        }
+    }
+
+    /// The request for a scraped profile: one series named by the
+    /// profile, labelled with `job`, `instance` and the target's labels,
+    /// as Parca's own scraper stores it.
+    pub fn encode_scraped(scraped: &ScrapedProfile) -> WriteRawRequest {
+        let labels = series::scraped_labels(scraped)
+            .into_iter()
+            .map(|(name, value)| Label { name, value })
+            .collect();
+        WriteRawRequest {
+            series: vec![RawProfileSeries {
+                labels: Some(LabelSet { labels }),
+                samples: vec![RawSample {
+                    raw_profile: scraped.gzipped.to_vec(),
+                    executable_info: Vec::new(),
+                }],
+            }],
             normalized: false,
             ..WriteRawRequest::default()
         }

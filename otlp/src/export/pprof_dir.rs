@@ -131,18 +131,51 @@ impl PprofDirWriter {
             return Ok(None);
         }
         let bytes = encode_gzip(batch)?;
-        let stamp = utc_stamp(batch.start_unix_nanos / 1_000_000_000);
+        self.store(batch.start_unix_nanos, "", &bytes).map(Some)
+    }
+
+    /// Writes a gzipped pprof profile from elsewhere (a scraped
+    /// application's), named by its start time and by `source` (such as
+    /// `job-profile`; characters other than `[A-Za-z0-9_.-]` become `_`).
+    pub fn write_gzipped(
+        &self,
+        start_unix_nanos: u64,
+        source: &str,
+        gzipped: &[u8],
+    ) -> Result<PathBuf, ExportError> {
+        let safe: String = source
+            .chars()
+            .take(64)
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.store(start_unix_nanos, &format!("-{safe}"), gzipped)
+    }
+
+    /// Writes `bytes` as a new file, then removes the oldest past the limits.
+    fn store(
+        &self,
+        start_unix_nanos: u64,
+        suffix: &str,
+        bytes: &[u8],
+    ) -> Result<PathBuf, ExportError> {
+        let stamp = utc_stamp(start_unix_nanos / 1_000_000_000);
         // Skip names already taken, e.g. by a previous run within the same second.
         let (name, path) = loop {
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-            let name = format!("icecore-{stamp}-{seq:06}.pb.gz");
+            let name = format!("icecore-{stamp}-{seq:06}{suffix}.pb.gz");
             let path = self.dir.join(&name);
             if !path.exists() {
                 break (name, path);
             }
         };
         let tmp = self.dir.join(format!(".{name}.tmp"));
-        let written = write_synced(&tmp, &bytes).and_then(|()| fs::rename(&tmp, &path));
+        let written = write_synced(&tmp, bytes).and_then(|()| fs::rename(&tmp, &path));
         if let Err(source) = written {
             let _ = fs::remove_file(&tmp);
             return Err(ExportError::WriteFile { path, source });
@@ -152,7 +185,7 @@ impl PprofDirWriter {
             kept.files.push_back((path.clone(), bytes.len() as u64));
         }
         self.enforce_retention();
-        Ok(Some(path))
+        Ok(path)
     }
 }
 

@@ -17,6 +17,7 @@ use super::series;
 use super::tls::TlsOptions;
 use super::{ExportError, MAX_MESSAGE_BYTES};
 use crate::model::{ProcessProfile, ProfileBatch};
+use crate::scrape::ScrapedProfile;
 
 /// The push API's messages, generated from `proto/pyroscope/push.proto`.
 #[allow(missing_docs, clippy::all)]
@@ -102,6 +103,30 @@ impl PyroscopeExporter {
             }],
         });
         PushRequest { series }
+    }
+
+    /// The request for a scraped profile: its series labelled as Parca's
+    /// are, with `service_name` (the `job` unless a label sets it) and
+    /// `__delta__="false"`, since cumulative profiles arrive as deltas.
+    pub fn encode_scraped(scraped: &ScrapedProfile) -> PushRequest {
+        let mut labels = series::scraped_labels(scraped);
+        if !labels.iter().any(|(name, _)| name == "service_name") {
+            let service = scraped.label("job").unwrap_or("unspecified").to_owned();
+            labels.push(("service_name".to_owned(), service));
+        }
+        labels.push((DELTA_LABEL.to_owned(), "false".to_owned()));
+        PushRequest {
+            series: vec![RawProfileSeries {
+                labels: labels
+                    .into_iter()
+                    .map(|(name, value)| LabelPair { name, value })
+                    .collect(),
+                samples: vec![RawSample {
+                    raw_profile: scraped.gzipped.to_vec(),
+                    id: String::new(),
+                }],
+            }],
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 
 use crate::model::{ProcessProfile, ProfileBatch};
 use crate::pprof::encode_gzip;
+use crate::scrape::ScrapedProfile;
 
 /// The `__name__` of icecore's series: on-CPU profiles, as Parca and
 /// Pyroscope name them.
@@ -45,6 +46,14 @@ pub(crate) fn labels(batch: &ProfileBatch, process: &ProcessProfile) -> Vec<(Str
         }
     }
     labels
+}
+
+/// A scraped profile's series labels: `__name__` (the profile's name),
+/// then its labels (`job`, `instance`, the target's).
+pub(crate) fn scraped_labels(scraped: &ScrapedProfile) -> Vec<(String, String)> {
+    std::iter::once(label("__name__", &scraped.name))
+        .chain(scraped.labels.iter().cloned())
+        .collect()
 }
 
 fn label(name: &str, value: &str) -> (String, String) {

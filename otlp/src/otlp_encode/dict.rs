@@ -45,7 +45,7 @@ pub(crate) struct DictBuilder<'a> {
     mappings: HashMap<Mapping, i32>,
     locations: HashMap<LocationKey, i32>,
     stacks: HashMap<Vec<i32>, i32>,
-    attributes: HashMap<(i32, AttrValue<'a>), i32>,
+    attributes: HashMap<(i32, AttrValue<'a>, i32), i32>,
     // Pointers stay valid: the batch is borrowed for 'a, keeping every Arc alive.
     mapping_by_ptr: HashMap<*const model::Mapping, i32>,
     location_by_ptr: HashMap<*const model::Frame, i32>,
@@ -102,8 +102,19 @@ impl<'a> DictBuilder<'a> {
 
     /// Index of the attribute `key = value` (no unit) in the attribute table.
     pub(crate) fn attribute(&mut self, key: &'a str, value: AttrValue<'a>) -> i32 {
+        self.attribute_with_unit(key, value, "")
+    }
+
+    /// Index of the attribute `key = value` in `unit` in the attribute table.
+    pub(crate) fn attribute_with_unit(
+        &mut self,
+        key: &'a str,
+        value: AttrValue<'a>,
+        unit: &'a str,
+    ) -> i32 {
         let key_strindex = self.string(key);
-        if let Some(&i) = self.attributes.get(&(key_strindex, value)) {
+        let unit_strindex = self.string(unit);
+        if let Some(&i) = self.attributes.get(&(key_strindex, value, unit_strindex)) {
             return i;
         }
         // Plain string_value, not string_value_strindex: Parca and Pyroscope read only the former.
@@ -115,9 +126,10 @@ impl<'a> DictBuilder<'a> {
         self.dict.attribute_table.push(KeyValueAndUnit {
             key_strindex,
             value: Some(AnyValue { value: Some(any) }),
-            unit_strindex: 0,
+            unit_strindex,
         });
-        self.attributes.insert((key_strindex, value), i);
+        self.attributes
+            .insert((key_strindex, value, unit_strindex), i);
         i
     }
 
@@ -128,6 +140,11 @@ impl<'a> DictBuilder<'a> {
             filename_strindex: line.filename.as_deref().map_or(0, |f| self.string(f)),
             start_line: 0,
         };
+        self.intern_function(function)
+    }
+
+    /// Index of `function` in the function table.
+    pub(crate) fn intern_function(&mut self, function: Function) -> i32 {
         let table = &mut self.dict.function_table;
         *self.functions.entry(function).or_insert_with(|| {
             table.push(function);
@@ -153,17 +170,22 @@ impl<'a> DictBuilder<'a> {
             filename_strindex: self.string(&mapping.filename),
             attribute_indices,
         };
-        let i = match self.mappings.get(&proto) {
+        let i = self.intern_mapping(proto);
+        self.mapping_by_ptr.insert(ptr, i);
+        i
+    }
+
+    /// Index of `mapping` in the mapping table.
+    pub(crate) fn intern_mapping(&mut self, mapping: Mapping) -> i32 {
+        match self.mappings.get(&mapping) {
             Some(&i) => i,
             None => {
                 let i = next_index(self.dict.mapping_table.len());
-                self.dict.mapping_table.push(proto.clone());
-                self.mappings.insert(proto, i);
+                self.dict.mapping_table.push(mapping.clone());
+                self.mappings.insert(mapping, i);
                 i
             }
-        };
-        self.mapping_by_ptr.insert(ptr, i);
-        i
+        }
     }
 
     fn location(&mut self, frame: &'a Arc<model::Frame>) -> i32 {
@@ -183,13 +205,25 @@ impl<'a> DictBuilder<'a> {
             })
             .collect();
         let frame_type = self.attribute(ATTR_FRAME_TYPE, AttrValue::Str(frame.kind.as_otel_str()));
-        let key = LocationKey {
+        let i = self.intern_location(Location {
             mapping_index,
             address: frame.address,
             lines,
             attribute_indices: vec![frame_type],
+        });
+        self.location_by_ptr.insert(ptr, i);
+        i
+    }
+
+    /// Index of `location` in the location table.
+    pub(crate) fn intern_location(&mut self, location: Location) -> i32 {
+        let key = LocationKey {
+            mapping_index: location.mapping_index,
+            address: location.address,
+            lines: location.lines,
+            attribute_indices: location.attribute_indices,
         };
-        let i = match self.locations.get(&key) {
+        match self.locations.get(&key) {
             Some(&i) => i,
             None => {
                 let i = next_index(self.dict.location_table.len());
@@ -202,9 +236,7 @@ impl<'a> DictBuilder<'a> {
                 self.locations.insert(key, i);
                 i
             }
-        };
-        self.location_by_ptr.insert(ptr, i);
-        i
+        }
     }
 
     /// Index of `stack` (leaf first, like the model) in the stack table.
@@ -214,7 +246,14 @@ impl<'a> DictBuilder<'a> {
             return i;
         }
         let location_indices: Vec<i32> = stack.iter().map(|f| self.location(f)).collect();
-        let i = match self.stacks.get(&location_indices) {
+        let i = self.intern_stack(location_indices);
+        self.stack_by_ptr.insert(ptr, i);
+        i
+    }
+
+    /// Index of the stack of `location_indices` (leaf first) in the stack table.
+    pub(crate) fn intern_stack(&mut self, location_indices: Vec<i32>) -> i32 {
+        match self.stacks.get(&location_indices) {
             Some(&i) => i,
             None => {
                 let i = next_index(self.dict.stack_table.len());
@@ -224,9 +263,7 @@ impl<'a> DictBuilder<'a> {
                 self.stacks.insert(location_indices, i);
                 i
             }
-        };
-        self.stack_by_ptr.insert(ptr, i);
-        i
+        }
     }
 }
 

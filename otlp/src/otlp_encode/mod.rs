@@ -4,6 +4,7 @@
 //! carry timestamps only (each timestamp counts one sample).
 
 mod dict;
+mod from_pprof;
 #[cfg(test)]
 mod tests;
 
@@ -19,6 +20,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use crate::model::{ProcessProfile, ProfileBatch};
 pub use dict::{ATTR_BUILD_ID_GNU, ATTR_FRAME_TYPE};
 use dict::{AttrValue, DictBuilder};
+pub use from_pprof::encode_pprof_request;
 
 /// Semantic-conventions schema the resource attributes follow.
 pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.38.0";
@@ -242,7 +244,7 @@ fn resource(
     }
 }
 
-fn string_kv(key: &str, value: &str) -> KeyValue {
+pub(crate) fn string_kv(key: &str, value: &str) -> KeyValue {
     kv(key, any_value::Value::StringValue(value.to_owned()))
 }
 

@@ -74,7 +74,12 @@ pub fn encode_profile(batch: &ProfileBatch) -> Profile {
 
 /// [`encode_profile`], serialized and gzipped: the on-disk pprof format.
 pub fn encode_gzip(batch: &ProfileBatch) -> Result<Vec<u8>, PprofError> {
-    let bytes = prost::Message::encode_to_vec(&encode_profile(batch));
+    gzip_encoded(&encode_profile(batch))
+}
+
+/// `profile`, serialized and gzipped.
+pub fn gzip_encoded(profile: &Profile) -> Result<Vec<u8>, PprofError> {
+    let bytes = prost::Message::encode_to_vec(profile);
     // Fastest level, as Go's pprof writer uses: this runs every batch on the
     // profiled host, and level 6 saves only about a tenth of the size for 3x the time.
     let mut gz = GzEncoder::new(Vec::with_capacity(bytes.len() / 4), Compression::fast());
