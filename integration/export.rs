@@ -179,46 +179,6 @@ fn the_official_python_bindings_decode_the_export() {
     }
 }
 
-mod parca_store {
-    use std::sync::{Arc, Mutex};
-
-    use icecore_otlp::export::parca::proto::profile_store_service_server::{
-        ProfileStoreService, ProfileStoreServiceServer,
-    };
-    use icecore_otlp::export::parca::proto::{WriteRawRequest, WriteRawResponse};
-
-    /// A WriteRaw server generated from Parca's proto; keeps every request.
-    #[derive(Default, Clone)]
-    pub struct ParcaStore {
-        pub requests: Arc<Mutex<Vec<WriteRawRequest>>>,
-    }
-
-    #[tonic::async_trait]
-    impl ProfileStoreService for ParcaStore {
-        async fn write_raw(
-            &self,
-            request: tonic::Request<WriteRawRequest>,
-        ) -> Result<tonic::Response<WriteRawResponse>, tonic::Status> {
-            self.requests.lock().unwrap().push(request.into_inner());
-            Ok(tonic::Response::new(WriteRawResponse::default()))
-        }
-    }
-
-    /// Serves on 127.0.0.1 from a runtime of its own; returns the port.
-    pub fn serve(store: ParcaStore, runtime: &tokio::runtime::Runtime) -> u16 {
-        runtime.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let port = listener.local_addr().unwrap().port();
-            tokio::spawn(
-                tonic::transport::Server::builder()
-                    .add_service(ProfileStoreServiceServer::new(store))
-                    .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-            );
-            port
-        })
-    }
-}
-
 /// `--parca-endpoint`: a WriteRaw server built from Parca's proto receives
 /// one labelled series per process per batch, holding the same samples as
 /// the pprof files of the same run.
@@ -231,8 +191,8 @@ fn parca_write_raw_receives_labelled_series() {
     let _serial = serial();
     const RUN: Duration = Duration::from_secs(6);
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let store = parca_store::ParcaStore::default();
-    let port = parca_store::serve(store.clone(), &runtime);
+    let store = support::parca::ParcaStore::default();
+    let port = support::parca::serve(store.clone(), &runtime);
     let target = Target::start(Mode::Cycle);
     let pprof_dir = target.make_subdir("pprof");
     let mut args = base_args_at(target.pid(), HZ);
@@ -361,15 +321,9 @@ fn go_tool_pprof_reads_the_pull_endpoint() {
     if !require_root(TEST) {
         return;
     }
-    let go = support::go_binary();
-    if !support::prerequisite(
-        TEST,
-        go.is_some(),
-        "needs a Go toolchain (scripts/test.sh installs one)",
-    ) {
+    let Some(go) = support::required_go(TEST) else {
         return;
-    }
-    let go = go.unwrap();
+    };
     let _serial = serial();
     const RUN: Duration = Duration::from_secs(30);
     let target = Target::start(Mode::Cycle);
@@ -387,11 +341,9 @@ fn go_tool_pprof_reads_the_pull_endpoint() {
         .to_string();
     for attempt in 0..3 {
         let started = Instant::now();
-        let out = std::process::Command::new(&go)
+        let out = support::go_command(&go, target.dir())
             .args(["tool", "pprof", "-top"])
             .arg(format!("http://{addr}/debug/pprof/profile?seconds=3"))
-            .env("PPROF_TMPDIR", target.dir())
-            .env("HOME", target.dir())
             .output()
             .expect("run go tool pprof");
         let took = started.elapsed();
@@ -520,8 +472,8 @@ fn relabeling_names_kept_processes_and_drops_the_rest_in_bpf() {
     )
     .unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let store = parca_store::ParcaStore::default();
-    let port = parca_store::serve(store.clone(), &runtime);
+    let store = support::parca::ParcaStore::default();
+    let port = support::parca::serve(store.clone(), &runtime);
     let receiver = PythonReceiver::start(tmp.path());
     let mut args = support::run::system_wide_args(HZ);
     args.extend([

@@ -45,6 +45,8 @@ pub struct Sources {
     pub pprof: Option<Arc<PprofDirStats>>,
     /// The self-traces exporter's counters, with `--self-traces`.
     pub self_traces: Option<Arc<crate::self_traces::SelfTraceStats>>,
+    /// The scrape targets' counters (none without `scrape_configs`).
+    pub scrape: Arc<crate::scrape::ScrapeStats>,
     /// Connections this endpoint refused at its limit.
     pub http_refused_connections: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -197,6 +199,7 @@ async fn metrics(State(sources): State<Sources>) -> impl IntoResponse {
     if let Some(receiver) = &sources.receiver {
         render_receiver(&mut text, receiver);
     }
+    crate::scrape::render(&mut text, &sources.scrape);
     if let Some(traces) = &sources.self_traces {
         for (name, help, value) in [
             (

@@ -9,6 +9,7 @@ mod labeler;
 mod logging;
 mod otlp_listen;
 mod pull;
+mod scrape;
 mod self_traces;
 mod serve;
 mod shutdown;
@@ -102,6 +103,7 @@ fn main() -> ExitCode {
 /// privileges, so it runs wherever the config is written.
 async fn check_config(config: &Config) -> anyhow::Result<()> {
     let mut lines = sinks::Sinks::check(config)?;
+    lines.extend(scrape::Scrapers::check(&config.scrape_configs)?);
     if let Some(path) = &config.otlp_listen_bearer_token_file {
         sinks::read_token(path)
             .with_context(|| format!("--otlp-listen-bearer-token-file {}", path.display()))?;
@@ -191,6 +193,9 @@ async fn run(
         }
         None => None,
     };
+    let (scraped_tx, scraped_rx) = mpsc::channel(scrape::SCRAPED_QUEUE);
+    let scrapers = scrape::Scrapers::start(&config.scrape_configs, &scraped_tx)?;
+    drop(scraped_tx);
     http::serve(
         http_listener,
         http::Sources {
@@ -202,6 +207,7 @@ async fn run(
             pull: sinks.pull_hub(),
             pprof: sinks.pprof_stats(),
             self_traces,
+            scrape: scrapers.stats(),
             http_refused_connections: Arc::default(),
         },
     );
@@ -216,7 +222,7 @@ async fn run(
     });
     let (batches_tx, batches_rx) = mpsc::channel(BATCH_QUEUE);
     let cut_now = sinks.pull_hub().cut_signal();
-    let sink_task = tokio::spawn(sinks.run(batches_rx, received));
+    let sink_task = tokio::spawn(sinks.run(batches_rx, received, scraped_rx));
     let stats = profiler
         .run(
             shutdown::signal_or_deadline(config.duration),
@@ -224,6 +230,7 @@ async fn run(
             cut_now,
         )
         .await;
+    scrapers.stop();
     let sink_report = sink_task.await.context("the sink task failed")?;
 
     let cost = stats.bpf_cost;

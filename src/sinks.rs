@@ -13,11 +13,14 @@ use icecore_otlp::{
     PyroscopeOptions, QueueLimits, ResourceAttributes, RetryPolicy, TlsOptions,
     model::ProfileBatch,
     receive::{ReceivedProfiles, Reservation},
+    scrape::ScrapedProfile,
 };
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::pull::PullHub;
+
+mod scraped;
 
 /// How long the queued OTLP requests may still be retried at shutdown:
 /// inside Kubernetes' default 30 s termination grace period.
@@ -35,6 +38,8 @@ pub struct Sinks {
     pull: Arc<PullHub>,
     /// `--external-label`s, added to every process of every batch.
     external_labels: Vec<(Arc<str>, Arc<str>)>,
+    /// The configured resource attributes, for OTLP requests built here.
+    otlp_resource: ResourceAttributes,
 }
 
 /// What the sinks did over the run.
@@ -243,6 +248,10 @@ impl Sinks {
             pull: Arc::new(PullHub::new(config.reporter_interval)),
             pprof,
             pprof_is_default: config.pprof_dir_is_default,
+            otlp_resource: ResourceAttributes {
+                service_name: config.service_name.clone(),
+                extra: config.resource_attributes.clone(),
+            },
         })
     }
 
@@ -344,6 +353,7 @@ impl Sinks {
         self,
         mut batches: mpsc::Receiver<ProfileBatch>,
         mut received: Option<mpsc::Receiver<ReceivedProfiles>>,
+        mut scraped: mpsc::Receiver<ScrapedProfile>,
     ) -> SinkReport {
         let mut report = SinkReport::default();
         let mut pending = ReceivedBatches::default();
@@ -380,7 +390,14 @@ impl Sinks {
                         pending.add(profiles);
                     }
                 }
+                Some(profile) = scraped.recv() => {
+                    self.deliver_scraped(profile, &mut report).await;
+                }
             }
+        }
+        // Scrapers are stopped by now; what they handed over still goes out.
+        while let Ok(profile) = scraped.try_recv() {
+            self.deliver_scraped(profile, &mut report).await;
         }
         for (batch, _held) in pending.take() {
             self.deliver(batch, &mut report).await;

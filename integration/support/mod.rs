@@ -18,6 +18,7 @@ pub mod kube;
 pub mod metrics;
 pub mod native;
 pub mod otlp;
+pub mod parca;
 pub mod pprof;
 pub mod pyroscope;
 pub mod python;
@@ -78,6 +79,34 @@ pub fn go_binary() -> Option<PathBuf> {
     }
     let found = Command::new("go").arg("version").output().ok()?;
     found.status.success().then(|| PathBuf::from("go"))
+}
+
+/// The Go toolchain for `test`, which needs one: `None` (the test is
+/// skipped, or fails under `ICECORE_REQUIRE_ALL=1`) without one.
+pub fn required_go(test: &str) -> Option<PathBuf> {
+    let go = go_binary();
+    prerequisite(
+        test,
+        go.is_some(),
+        "needs a Go toolchain (scripts/test.sh installs one)",
+    )
+    .then_some(go)
+    .flatten()
+}
+
+/// `go` with its caches in fixed directories (the build cache survives
+/// between runs), `home` as its home and pprof's temp dir, and no module
+/// or toolchain lookups: the fixtures use the standard library only.
+pub fn go_command(go: &Path, home: &Path) -> Command {
+    let mut command = Command::new(go);
+    command
+        .env("HOME", home)
+        .env("GOCACHE", "/var/cache/icecore/go-build")
+        .env("GOPATH", home.join("gopath"))
+        .env("GO111MODULE", "off")
+        .env("GOTOOLCHAIN", "local")
+        .env("PPROF_TMPDIR", home);
+    command
 }
 
 /// The profiling tests each burn a CPU with a fixture and measure sample rates, and
