@@ -1,5 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
+use std::time::Duration;
+
 use prost::Message;
 
 use super::*;
@@ -265,4 +267,76 @@ fn the_dictionary_holds_only_what_samples_use() {
     assert_eq!(dict.function_table.len(), 3);
     assert_eq!(dict.stack_table.len(), 2);
     assert!(!dict.string_table.iter().any(|s| s == "main.other"));
+}
+
+/// Serves one canned answer per connection on 127.0.0.1; `None` reads the
+/// request and never answers.
+async fn serve(answer: Option<Vec<u8>>) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request).await;
+                match answer {
+                    Some(bytes) => {
+                        let _ = stream.write_all(&bytes).await;
+                    }
+                    None => tokio::time::sleep(Duration::from_secs(60)).await,
+                }
+            });
+        }
+    });
+    address
+}
+
+fn http_answer(status: &str, body: &[u8]) -> Vec<u8> {
+    let mut answer = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(body);
+    answer
+}
+
+fn endpoint(address: std::net::SocketAddr) -> PprofEndpoint {
+    PprofEndpoint::new(&PprofEndpointOptions {
+        base_url: format!("http://{address}"),
+        path_and_query: "/debug/pprof/heap".to_owned(),
+        timeout: Duration::from_millis(500),
+        ca_file: None,
+        insecure_skip_verify: false,
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn hostile_targets_are_failures_of_their_kind() {
+    let profile = heap(1, [[1, 2, 3, 4], [5, 6, 7, 8]]);
+    let good = serve(Some(http_answer("200 OK", &gzipped(&profile)))).await;
+    let scraped = endpoint(good).scrape().await.unwrap();
+    assert_eq!(scraped.profile, profile);
+
+    let reason = |address| async move { endpoint(address).scrape().await.unwrap_err().reason() };
+    let silent = serve(None).await;
+    assert_eq!(reason(silent).await, "timeout");
+    let missing = serve(Some(http_answer("404 Not Found", b"404 page not found"))).await;
+    assert_eq!(reason(missing).await, "http_status");
+    let html = serve(Some(http_answer("200 OK", b"<html>hello</html>"))).await;
+    assert_eq!(reason(html).await, "not_pprof");
+    let huge = serve(Some(http_answer(
+        "200 OK",
+        &vec![0u8; MAX_RESPONSE_BYTES + 1],
+    )))
+    .await;
+    assert_eq!(reason(huge).await, "too_large");
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    assert_eq!(reason(closed).await, "connect");
 }
