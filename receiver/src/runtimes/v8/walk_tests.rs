@@ -1,0 +1,169 @@
+//! The BPF-side V8 walk run on the host against live Node processes of
+//! every version: the main thread, spinning in JavaScript at the bottom
+//! of a recursion, is stopped (ptrace) while its PC is in V8's code (the
+//! interpreter's handlers or JIT code, which keep frame pointers), and
+//! walked by `icecore_unwinders::v8` until the entry frame hands back to
+//! the C++ that called into JavaScript.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+use icecore_unwinders::v8::V8Step;
+use icecore_unwinders::{MemoryReader, Registers};
+
+use super::tests::nodes;
+use super::{inspect, process::describe, resolve};
+use crate::process_maps::ProcessMappings;
+use crate::runtimes::host_walk::{HostMemory, spawn_and_read_line};
+use crate::test_support::missing_prerequisite;
+
+/// `leaf` and `mid` call each other 2 × DEPTH times (cold: interpreted),
+/// then the innermost `leaf` spins.
+const DEPTH: usize = 12;
+const SCRIPT: &str = r#"
+function leaf(n) {
+  if (n === 0) {
+    console.log("ready");
+    let x = 0;
+    for (;;) { x = (x + 1) % 1000003; }
+  }
+  return mid(n - 1) + 1;
+}
+function mid(n) { return leaf(n) + 1; }
+leaf(DEPTH);
+"#;
+
+/// Stops thread `tid` (it stays stopped while this thread traces it) at a
+/// moment its PC satisfies `wanted`, and returns its registers.
+fn stop_where(tid: i32, wanted: impl Fn(u64) -> bool) -> Registers {
+    // SAFETY: plain ptrace calls on a child of this test; `regs` is a
+    // valid user_regs_struct for PTRACE_GETREGS to fill.
+    unsafe {
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0),
+            0,
+            "PTRACE_SEIZE"
+        );
+        for _ in 0..200 {
+            assert_eq!(
+                libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0),
+                0,
+                "PTRACE_INTERRUPT"
+            );
+            let mut status = 0;
+            assert_eq!(libc::waitpid(tid, &mut status, libc::__WALL), tid);
+            let mut regs: libc::user_regs_struct = std::mem::zeroed();
+            assert_eq!(
+                libc::ptrace(libc::PTRACE_GETREGS, tid, 0, &mut regs as *mut _),
+                0,
+                "PTRACE_GETREGS"
+            );
+            if wanted(regs.rip) {
+                return Registers {
+                    ip: regs.rip,
+                    sp: regs.rsp,
+                    bp: regs.rbp,
+                };
+            }
+            libc::ptrace(libc::PTRACE_CONT, tid, 0, 0);
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+    }
+    panic!("thread {tid} never stopped in V8's code")
+}
+
+#[test]
+fn the_v8_walk_finds_the_javascript_frames_of_live_nodes() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        missing_prerequisite("root, to stop Node threads with ptrace");
+        return;
+    }
+    for (major, node) in nodes() {
+        let binary = inspect(&node).unwrap();
+        let layout = resolve(&binary).unwrap();
+        let script = SCRIPT.replace("DEPTH", &DEPTH.to_string());
+        let (live, line) = spawn_and_read_line(Command::new(&node).args(["-e", &script]));
+        assert_eq!(line, "ready");
+        // Into the futex wait.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let pid = live.pid();
+        let maps = ProcessMappings::read(pid).unwrap();
+        let node_path = std::fs::canonicalize(&node).unwrap();
+        let process = describe(&binary, &layout, &maps, |m| {
+            std::path::Path::new(&*m.path) == node_path
+        })
+        .unwrap();
+        let mut memory = HostMemory::open(pid);
+        let mut regs = stop_where(i32::try_from(pid).unwrap(), |ip| process.in_code(ip));
+        let mut steps = Vec::new();
+        loop {
+            let step = process.step(&mut regs, steps.is_empty(), &mut memory);
+            steps.push(step);
+            if matches!(step, V8Step::Entry | V8Step::Native | V8Step::ReadFailed) {
+                break;
+            }
+            assert!(steps.len() < 200, "Node {major}: endless walk");
+        }
+        // The functions of the JavaScript frames, innermost first: the
+        // spinning leaf (interpreted, or compiled by on-stack replacement),
+        // then its cold callers, all interpreted.
+        let functions: Vec<u64> = steps
+            .iter()
+            .filter_map(|s| match s {
+                V8Step::Interpreted { function, .. } | V8Step::Compiled { function, .. } => {
+                    Some(*function)
+                }
+                _ => None,
+            })
+            .collect();
+        let interpreted = steps
+            .iter()
+            .filter(|s| matches!(s, V8Step::Interpreted { .. }))
+            .count();
+        println!(
+            "Node {major}: {} V8 frames ({interpreted} interpreted), ending {:?}",
+            steps.len(),
+            steps.last()
+        );
+        assert_eq!(
+            steps.last(),
+            Some(&V8Step::Entry),
+            "Node {major}: {steps:?}"
+        );
+        // leaf and mid, alternating, then the script's own function.
+        assert!(
+            functions.len() > 2 * DEPTH + 1 && interpreted >= 2 * DEPTH,
+            "Node {major}: {steps:?}"
+        );
+        let (leaf, mid) = (functions[0], functions[1]);
+        assert_ne!(leaf, mid);
+        for (i, function) in functions[..=2 * DEPTH].iter().enumerate() {
+            assert_eq!(
+                *function,
+                if i % 2 == 0 { leaf } else { mid },
+                "Node {major}: frame {i}"
+            );
+        }
+        // Each is a JSFunction, by its map's instance type.
+        let (first, last) = layout.js_function_types;
+        for function in [leaf, mid] {
+            let map = memory.read_u64(function - 1).unwrap();
+            let word = memory
+                .read_u64((map - 1 + layout.map_instance_type) & !7)
+                .unwrap();
+            let instance_type = (word >> (((map - 1 + layout.map_instance_type) & 7) * 8)) as u16;
+            assert!(
+                (first..=last).contains(&instance_type),
+                "Node {major}: instance type {instance_type} of {function:#x}"
+            );
+        }
+        // Handed back at C++ in the node binary.
+        let back = maps
+            .find(regs.ip)
+            .expect("the entry frame's caller is mapped");
+        assert_eq!(std::path::Path::new(&*back.path), node_path, "Node {major}");
+        drop(live);
+    }
+}
