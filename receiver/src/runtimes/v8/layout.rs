@@ -158,6 +158,50 @@ pub struct V8Layout {
     pub bytecode_array_type: u16,
     /// `SCRIPT_TYPE`.
     pub script_type: u16,
+    /// `SCOPE_INFO_TYPE`.
+    pub scope_info_type: u16,
+    /// The first instance type that is not a string.
+    pub first_nonstring_type: u16,
+    /// Where the strings keep what [`StringLayout`] names.
+    pub strings: StringLayout,
+    /// ScopeInfo: where a function's name is.
+    pub scope_info: ScopeInfoLayout,
+}
+
+/// String objects: lengths, characters and the parts of indirect strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StringLayout {
+    /// `String::length` (i32).
+    pub length: u64,
+    /// The characters of a sequential string.
+    pub seq_chars: u64,
+    /// `ConsString::first`.
+    pub cons_first: u64,
+    /// `ConsString::second`.
+    pub cons_second: u64,
+    /// `ThinString::actual`.
+    pub thin_actual: u64,
+    /// `SlicedString::parent`.
+    pub sliced_parent: u64,
+    /// `SlicedString::offset` (a Smi).
+    pub sliced_offset: u64,
+}
+
+/// ScopeInfo: a header of Smis (a raw `u32` of flags in V8 13), then
+/// variable-length parts whose presence the flags say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScopeInfoLayout {
+    /// Whether the flags are a raw `u32` (V8 13) rather than a Smi.
+    pub raw_flags: bool,
+    /// The context-local count (a Smi).
+    pub context_local_count: u64,
+    /// The first variable-length slot.
+    pub first_variable: u64,
+    /// `ScopeType::MODULE_SCOPE`, whose scopes start with a module
+    /// variable count in V8 12 and later.
+    pub module_scope_type: u32,
+    /// Whether module scopes have that count.
+    pub module_variable_count: bool,
 }
 
 /// A value icecore needs that the binary neither exports nor has a
@@ -235,6 +279,26 @@ pub fn resolve(binary: &V8Binary) -> Result<V8Layout, MissingConstant> {
         code_type: instance_type("type_Code__CODE_TYPE")?,
         bytecode_array_type: instance_type("type_BytecodeArray__BYTECODE_ARRAY_TYPE")?,
         script_type: instance_type("type_Script__SCRIPT_TYPE")?,
+        scope_info_type: instance_type("type_ScopeInfo__SCOPE_INFO_TYPE")?,
+        first_nonstring_type: instance_type("FirstNonstringType")?,
+        strings: StringLayout {
+            length: offset("class_String__length")?,
+            seq_chars: offset("class_SeqOneByteString__chars")?,
+            cons_first: offset("class_ConsString__first")?,
+            cons_second: offset("class_ConsString__second")?,
+            thin_actual: offset("class_ThinString__actual")?,
+            sliced_parent: offset("class_SlicedString__parent")?,
+            sliced_offset: offset("class_SlicedString__offset")?,
+        },
+        scope_info: ScopeInfoLayout {
+            raw_flags: version.major >= 13,
+            context_local_count: 8 + 8 * offset("scopeinfo_idx_ncontextlocals")?,
+            first_variable: 8 + 8 * offset("scopeinfo_idx_first_vars")?,
+            // scope-type.h: MODULE_SCOPE is 3 until V8 13 put SCRIPT and
+            // REPL_MODE first.
+            module_scope_type: if version.major >= 13 { 5 } else { 3 },
+            module_variable_count: version.major >= 12,
+        },
     })
 }
 

@@ -3,10 +3,12 @@
 //! The unwinder is built in steps. So far: a V8 binary's introspection
 //! data and the layout the walk and the symbolizer need, for V8 10.2
 //! (Node 18) to 13.6 (Node 24), and a process described to the walk
-//! (`icecore_unwinders::v8`), checked on live processes of each version.
+//! (`icecore_unwinders::v8`), and functions named as `--cpu-prof` names
+//! them, checked on live processes of each version.
 
 pub mod introspection;
 pub mod layout;
+pub mod names;
 pub mod process;
 #[cfg(test)]
 mod tests;

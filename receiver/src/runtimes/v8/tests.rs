@@ -79,6 +79,24 @@ fn expected(major: u32) -> V8Layout {
         code_type: t([240, 245, 206, 187]),
         bytecode_array_type: t([195, 191, 205, 186]),
         script_type: t([170, 167, 167, 167]),
+        scope_info_type: t([256, 261, 272, 280]),
+        first_nonstring_type: 128,
+        strings: super::layout::StringLayout {
+            length: 12,
+            seq_chars: 16,
+            cons_first: 16,
+            cons_second: 24,
+            thin_actual: 16,
+            sliced_parent: 16,
+            sliced_offset: 24,
+        },
+        scope_info: super::layout::ScopeInfoLayout {
+            raw_flags: major == 24,
+            context_local_count: 24,
+            first_variable: u([32, 32, 32, 48]),
+            module_scope_type: if major == 24 { 5 } else { 3 },
+            module_variable_count: major >= 22,
+        },
     }
 }
 

@@ -10,16 +10,18 @@
 use std::process::Command;
 
 use icecore_unwinders::v8::V8Step;
-use icecore_unwinders::{MemoryReader, Registers};
+use icecore_unwinders::Registers;
 
+use super::names::V8Objects;
 use super::tests::nodes;
 use super::{inspect, process::describe, resolve};
 use crate::process_maps::ProcessMappings;
 use crate::runtimes::host_walk::{HostMemory, spawn_and_read_line};
 use crate::test_support::missing_prerequisite;
 
-/// `leaf` and `mid` call each other 2 × DEPTH times (cold: interpreted),
-/// then the innermost `leaf` spins.
+/// `leaf` and an anonymous function V8 names `ns.deep.mid` (an inferred
+/// name) call each other 2 × DEPTH times (cold: interpreted), then the
+/// innermost `leaf` spins.
 const DEPTH: usize = 12;
 const SCRIPT: &str = r#"
 function leaf(n) {
@@ -28,9 +30,10 @@ function leaf(n) {
     let x = 0;
     for (;;) { x = (x + 1) % 1000003; }
   }
-  return mid(n - 1) + 1;
+  return ns.deep.mid(n - 1) + 1;
 }
-function mid(n) { return leaf(n) + 1; }
+const ns = { deep: {} };
+ns.deep.mid = function (n) { return leaf(n) + 1; };
 leaf(DEPTH);
 "#;
 
@@ -146,19 +149,17 @@ fn the_v8_walk_finds_the_javascript_frames_of_live_nodes() {
                 "Node {major}: frame {i}"
             );
         }
-        // Each is a JSFunction, by its map's instance type.
-        let (first, last) = layout.js_function_types;
-        for function in [leaf, mid] {
-            let map = memory.read_u64(function - 1).unwrap();
-            let word = memory
-                .read_u64((map - 1 + layout.map_instance_type) & !7)
-                .unwrap();
-            let instance_type = (word >> (((map - 1 + layout.map_instance_type) & 7) * 8)) as u16;
-            assert!(
-                (first..=last).contains(&instance_type),
-                "Node {major}: instance type {instance_type} of {function:#x}"
-            );
-        }
+        // JSFunctions (`shared_of` checks the instance types), named as
+        // V8 names them: one by its own name, one by the inferred one.
+        let objects = V8Objects::new(&layout, &memory.0);
+        let name = |function: u64| {
+            let shared = objects
+                .shared_of(function)
+                .unwrap_or_else(|| panic!("Node {major}: {function:#x} is no JSFunction"));
+            objects.function_name(shared).unwrap()
+        };
+        assert_eq!(name(leaf), "leaf", "Node {major}");
+        assert_eq!(name(mid), "ns.deep.mid", "Node {major}");
         // Handed back at C++ in the node binary.
         let back = maps
             .find(regs.ip)
