@@ -79,6 +79,34 @@ pub const FALLBACKS: &[Fallback] = &[
         source: "code.h (V8 11.3), checked on live Code objects of Node 20.20.2",
     },
     Fallback {
+        name: "class_BytecodeArray__source_position_table",
+        from: (10, 0),
+        to: (11, 9),
+        value: 32,
+        source: "code.tq (BytecodeArray: constant_pool 16, handler_table 24, source_position_table 32)",
+    },
+    Fallback {
+        name: "class_BytecodeArray__source_position_table",
+        from: (12, 0),
+        to: (13, 9),
+        value: 24,
+        source: "bytecode-array.tq (V8 12: wrapper 16, source_position_table 24)",
+    },
+    Fallback {
+        name: "class_Code__bytecode_or_interpreter_data",
+        from: (10, 0),
+        to: (10, 9),
+        value: 16,
+        source: "code.h (V8 10.2: deoptimization_data_or_interpreter_data at 16), baseline Code of Node 18.20.8",
+    },
+    Fallback {
+        name: "class_Code__bytecode_or_interpreter_data",
+        from: (12, 0),
+        to: (13, 9),
+        value: 8,
+        source: "code.h (V8 12: deoptimization_data_or_interpreter_data at 8), baseline Code of Node 22.23.3",
+    },
+    Fallback {
         name: "class_SharedFunctionInfo__function_data",
         from: (12, 0),
         to: (13, 9),
@@ -166,6 +194,34 @@ pub struct V8Layout {
     pub strings: StringLayout,
     /// ScopeInfo: where a function's name is.
     pub scope_info: ScopeInfoLayout,
+    /// Where a function's source positions and script are.
+    pub source: SourceLayout,
+}
+
+/// From a function to its script, and from a bytecode offset to a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceLayout {
+    /// `BytecodeArray::source_position_table` (a ByteArray once collected).
+    pub bytecode_positions: u64,
+    /// A baseline Code's BytecodeArray (or InterpreterData).
+    pub code_bytecode: u64,
+    /// `InterpreterData::bytecode_array`.
+    pub interpreter_data_bytecode: u64,
+    /// `Script::source`.
+    pub script_source: u64,
+    /// `Script::name`.
+    pub script_name: u64,
+    /// `Script::line_ends` (a FixedArray of Smis once computed).
+    pub script_line_ends: u64,
+    /// `DebugInfo::script`, where a SharedFunctionInfo's script slot may
+    /// hold a DebugInfo (V8 before 12).
+    pub debug_info_script: Option<u64>,
+    /// `INTERPRETER_DATA_TYPE`.
+    pub interpreter_data_type: u16,
+    /// `DEBUG_INFO_TYPE`.
+    pub debug_info_type: u16,
+    /// `FIXED_ARRAY_TYPE`.
+    pub fixed_array_type: u16,
 }
 
 /// String objects: lengths, characters and the parts of indirect strings.
@@ -298,6 +354,20 @@ pub fn resolve(binary: &V8Binary) -> Result<V8Layout, MissingConstant> {
             // REPL_MODE first.
             module_scope_type: if version.major >= 13 { 5 } else { 3 },
             module_variable_count: version.major >= 12,
+        },
+        source: SourceLayout {
+            bytecode_positions: offset("class_BytecodeArray__source_position_table")?,
+            code_bytecode: offset("class_Code__bytecode_or_interpreter_data")?,
+            // interpreter-data.tq: bytecode_array right after the map.
+            interpreter_data_bytecode: 8,
+            script_source: offset("class_Script__source")?,
+            script_name: offset("class_Script__name")?,
+            script_line_ends: offset("class_Script__line_ends")?,
+            // debug-objects.tq (V8 10-11): shared 8, debugger_hints 16, script 24.
+            debug_info_script: (version.major < 12).then_some(24),
+            interpreter_data_type: instance_type("type_InterpreterData__INTERPRETER_DATA_TYPE")?,
+            debug_info_type: instance_type("type_DebugInfo__DEBUG_INFO_TYPE")?,
+            fixed_array_type: instance_type("type_FixedArray__FIXED_ARRAY_TYPE")?,
         },
     })
 }

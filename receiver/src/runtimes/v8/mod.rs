@@ -9,6 +9,7 @@
 pub mod introspection;
 pub mod layout;
 pub mod names;
+pub mod positions;
 pub mod process;
 #[cfg(test)]
 mod tests;

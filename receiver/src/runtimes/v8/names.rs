@@ -28,8 +28,8 @@ mod scope_flags {
 
 /// Objects of one V8 process, read through its memory.
 pub struct V8Objects<'a> {
-    layout: &'a V8Layout,
-    memory: &'a ProcessMemory,
+    pub(super) layout: &'a V8Layout,
+    pub(super) memory: &'a ProcessMemory,
 }
 
 impl<'a> V8Objects<'a> {
@@ -38,12 +38,12 @@ impl<'a> V8Objects<'a> {
         Self { layout, memory }
     }
 
-    fn word(&self, address: u64) -> Option<u64> {
+    pub(super) fn word(&self, address: u64) -> Option<u64> {
         self.memory.read_u64(address).ok()
     }
 
     /// The field at `offset` of the tagged object `object`.
-    fn field(&self, object: u64, offset: u64) -> Option<u64> {
+    pub(super) fn field(&self, object: u64, offset: u64) -> Option<u64> {
         self.word(untag(object)?.wrapping_add(offset))
     }
 
@@ -143,7 +143,7 @@ impl<'a> V8Objects<'a> {
     }
 
     /// Appends characters `start..start + count` of `string` to `out`.
-    fn append_string(
+    pub(super) fn append_string(
         &self,
         string: u64,
         start: u64,
@@ -171,7 +171,7 @@ impl<'a> V8Objects<'a> {
                 let at = untag(string)? + s.seq_chars + start * width;
                 let bytes = self
                     .memory
-                    .read_vec(at, count * width, MAX_NAME_CHARS * 2)
+                    .read_vec(at, count * width, count * width)
                     .ok()?;
                 if one_byte {
                     // Latin-1.
@@ -225,15 +225,15 @@ const THIN: u16 = 5;
 const ONE_BYTE: u16 = 8;
 
 /// The address of a tagged heap object.
-fn untag(tagged: u64) -> Option<u64> {
+pub(super) fn untag(tagged: u64) -> Option<u64> {
     (tagged & 3 == 1).then(|| tagged - 1)
 }
 
-fn is_smi(word: u64) -> bool {
+pub(super) fn is_smi(word: u64) -> bool {
     word & 1 == 0
 }
 
 /// A Smi's value (in the upper half: no pointer compression).
-fn smi_value(word: u64) -> Option<i64> {
+pub(super) fn smi_value(word: u64) -> Option<i64> {
     is_smi(word).then_some((word as i64) >> 32)
 }

@@ -97,6 +97,18 @@ fn expected(major: u32) -> V8Layout {
             module_scope_type: if major == 24 { 5 } else { 3 },
             module_variable_count: major >= 22,
         },
+        source: super::layout::SourceLayout {
+            bytecode_positions: u([32, 32, 24, 24]),
+            code_bytecode: u([16, 16, 8, 8]),
+            interpreter_data_bytecode: 8,
+            script_source: 8,
+            script_name: 16,
+            script_line_ends: 56,
+            debug_info_script: (major < 22).then_some(24),
+            interpreter_data_type: t([162, 159, 207, 188]),
+            debug_info_type: t([156, 153, 154, 154]),
+            fixed_array_type: t([179, 175, 174, 205]),
+        },
     }
 }
 

@@ -9,8 +9,8 @@
 
 use std::process::Command;
 
-use icecore_unwinders::v8::V8Step;
 use icecore_unwinders::Registers;
+use icecore_unwinders::v8::V8Step;
 
 use super::names::V8Objects;
 use super::tests::nodes;
@@ -87,10 +87,11 @@ fn the_v8_walk_finds_the_javascript_frames_of_live_nodes() {
         let binary = inspect(&node).unwrap();
         let layout = resolve(&binary).unwrap();
         let script = SCRIPT.replace("DEPTH", &DEPTH.to_string());
-        let (live, line) = spawn_and_read_line(Command::new(&node).args(["-e", &script]));
+        let dir = tempfile::tempdir().unwrap();
+        let script_path = dir.path().join("walk.js");
+        std::fs::write(&script_path, &script).unwrap();
+        let (live, line) = spawn_and_read_line(Command::new(&node).arg(&script_path));
         assert_eq!(line, "ready");
-        // Into the futex wait.
-        std::thread::sleep(std::time::Duration::from_millis(200));
         let pid = live.pid();
         let maps = ProcessMappings::read(pid).unwrap();
         let node_path = std::fs::canonicalize(&node).unwrap();
@@ -160,6 +161,53 @@ fn the_v8_walk_finds_the_javascript_frames_of_live_nodes() {
         };
         assert_eq!(name(leaf), "leaf", "Node {major}");
         assert_eq!(name(mid), "ns.deep.mid", "Node {major}");
+        // The callers' lines: the call in each, from the bytecode offset.
+        let line_of =
+            |needle: &str| 1 + script.lines().position(|l| l.contains(needle)).unwrap() as u32;
+        let call_lines = [
+            line_of("return ns.deep.mid(n - 1)"),
+            line_of("return leaf(n) + 1"),
+        ];
+        let mut checked = 0;
+        for step in &steps {
+            let V8Step::Interpreted {
+                function,
+                bytecode_offset,
+            } = *step
+            else {
+                continue;
+            };
+            let Some(expected) = [leaf, mid]
+                .iter()
+                .position(|&f| f == function)
+                .map(|i| call_lines[i])
+            else {
+                continue; // the module's own function
+            };
+            let shared = objects.shared_of(function).unwrap();
+            let bytecode = objects.bytecode_of(shared).unwrap();
+            let position = objects
+                .source_position(bytecode, u64::from(bytecode_offset))
+                .unwrap();
+            let lines = objects
+                .script_lines(objects.script_of(shared).unwrap())
+                .unwrap();
+            assert_eq!(
+                std::path::Path::new(&lines.name),
+                script_path,
+                "Node {major}: the script's name"
+            );
+            assert_eq!(
+                lines.line_of(position),
+                Some(expected),
+                "Node {major}: offset {bytecode_offset}"
+            );
+            checked += 1;
+        }
+        assert!(
+            checked >= 2 * DEPTH - 1,
+            "Node {major}: {checked} lines checked"
+        );
         // Handed back at C++ in the node binary.
         let back = maps
             .find(regs.ip)
