@@ -153,3 +153,35 @@ fn a_binary_without_v8_is_refused() {
     let err = inspect(std::path::Path::new("/bin/sh")).unwrap_err();
     assert!(matches!(err, InspectError::NoConstants(_)), "{err}");
 }
+
+/// Objects that are not what they claim (cyclic cons strings, lengths
+/// past the end, maps pointing anywhere) give `None` or a bounded answer,
+/// never a panic or an endless walk: read from this process's own memory.
+#[test]
+fn hostile_objects_are_refused() {
+    use super::names::V8Objects;
+    use crate::runtimes::memory::ProcessMemory;
+    let layout = expected(20);
+    // Words laid out as objects: a map whose instance type is a cons
+    // string (1 | ONE_BYTE), and a cons string whose parts are itself.
+    let mut heap = vec![0u64; 64];
+    let base = heap.as_ptr() as u64;
+    let tagged = |word: usize| base + 8 * word as u64 + 1;
+    heap[0] = tagged(8); // object at word 0: map at word 8
+    heap[1] = u64::from(u32::MAX) << 32; // length u32::MAX
+    heap[2] = tagged(0); // first: itself
+    heap[3] = tagged(0); // second: itself
+    heap[8 + 1] = 9 << 32; // the map's instance type (byte 12): 9, a cons
+    let memory = ProcessMemory::open(std::process::id()).unwrap();
+    let objects = V8Objects::new(&layout, &memory);
+    assert_eq!(objects.string(tagged(0)), None);
+    // Not a JSFunction, not a SharedFunctionInfo, not even a heap object.
+    assert_eq!(objects.shared_of(tagged(0)), None);
+    assert_eq!(objects.function_name(tagged(0)), None);
+    assert_eq!(objects.shared_of(0x10), None);
+    assert_eq!(objects.script_of(1), None);
+    assert_eq!(objects.bytecode_of(tagged(0)), None);
+    // Garbage position tables end; an overlong VLQ is refused.
+    assert_eq!(super::positions::position_in_table(&[0xff; 64], 3), None);
+    drop(heap);
+}
