@@ -18,6 +18,7 @@ use icecore_unwinders::{
     python::{PYTHON_PROCESSES_MAX, PythonProcess},
     ruby::{RUBY_PROCESSES_MAX, RubyProcess},
     sample::{EXCLUDED_PIDS_MAX, MAX_CPUS},
+    v8::{V8_PROCESSES_MAX, V8Process},
 };
 
 /// Flags of every unwind table: user space fills them through mmap, and each
@@ -69,6 +70,11 @@ pub static RUBY_PROCESSES: HashMap<u32, RubyProcess> =
 #[map]
 pub static HOTSPOT_PROCESSES: HashMap<u32, HotSpotProcess> =
     HashMap::with_max_entries(HOTSPOT_PROCESSES_MAX, 0);
+
+/// pid → what the V8 unwinder needs of that process, written by the V8
+/// plugin.
+#[map]
+pub static V8_PROCESSES: HashMap<u32, V8Process> = HashMap::with_max_entries(V8_PROCESSES_MAX, 0);
 
 /// One `unknown_process` policy value, set by user space once it describes
 /// processes to BPF.

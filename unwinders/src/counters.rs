@@ -95,10 +95,21 @@ pub enum Counter {
     /// address replaced by the deoptimization handler), reported at the
     /// call site HotSpot saved in the frame.
     HotSpotDeoptPending = 35,
+    /// V8 JavaScript frames walked (interpreted and compiled).
+    V8Frames = 36,
+    /// A V8 frame could not be read, or was not a frame V8 builds: the
+    /// native unwinder takes it over (records its PC, follows its frame
+    /// pointer).
+    V8ReadFailed = 37,
+    /// The record filled, or tail calls ran out, during a V8 walk.
+    V8StackTruncated = 38,
+    /// The native unwinder handed code to the V8 unwinder for a process
+    /// it has no data for (the map entry was removed or not yet written).
+    V8ProcessMissing = 39,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 36;
+pub const COUNTER_COUNT: u32 = 40;
 
 impl Counter {
     /// Every counter, in index order.
@@ -139,6 +150,10 @@ impl Counter {
         Counter::HotSpotStackTruncated,
         Counter::HotSpotProcessMissing,
         Counter::HotSpotDeoptPending,
+        Counter::V8Frames,
+        Counter::V8ReadFailed,
+        Counter::V8StackTruncated,
+        Counter::V8ProcessMissing,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -180,6 +195,10 @@ impl Counter {
             Counter::HotSpotStackTruncated => "hotspot_stack_truncated",
             Counter::HotSpotProcessMissing => "hotspot_process_missing",
             Counter::HotSpotDeoptPending => "hotspot_deopt_pending",
+            Counter::V8Frames => "v8_frames",
+            Counter::V8ReadFailed => "v8_read_failed",
+            Counter::V8StackTruncated => "v8_stack_truncated",
+            Counter::V8ProcessMissing => "v8_process_missing",
         }
     }
 }

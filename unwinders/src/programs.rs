@@ -26,6 +26,8 @@ pub enum ProgramIndex {
     Ruby = 4,
     /// Walks HotSpot's Java frames (see [`crate::hotspot`]).
     HotSpot = 5,
+    /// Walks V8's JavaScript frames (see [`crate::v8`]).
+    V8 = 6,
 }
 
 impl ProgramIndex {
@@ -39,7 +41,7 @@ impl ProgramIndex {
 }
 
 /// Number of slots in the program array.
-pub const PROGRAM_COUNT: u32 = 6;
+pub const PROGRAM_COUNT: u32 = 7;
 
 /// Tail calls one sample may use. The kernel allows 33 per chain (32 before
 /// 5.17); keeping a margin leaves room for the final jump to `Emit`.

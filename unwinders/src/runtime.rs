@@ -1,4 +1,4 @@
-//! How runtime unwinders (CPython, CRuby and HotSpot now; PHP, Perl, V8
+//! How runtime unwinders (CPython, CRuby, HotSpot and V8 now; PHP, Perl
 //! and .NET next) plug into the native unwinder, on the BPF side.
 //!
 //! # Dispatch by program counter
@@ -146,10 +146,11 @@ pub struct BpfRuntime {
 }
 
 /// Every runtime with a BPF program, in program-slot order.
-pub const BPF_RUNTIMES: [BpfRuntime; 3] = [
+pub const BPF_RUNTIMES: [BpfRuntime; 4] = [
     crate::python::CPYTHON,
     crate::ruby::CRUBY,
     crate::hotspot::HOTSPOT,
+    crate::v8::V8,
 ];
 
 /// Per-runtime state areas in the unwind state, kept between the tail calls
@@ -163,9 +164,11 @@ pub struct RuntimeStates {
     pub ruby: crate::ruby::RubyWalkState,
     /// HotSpot's walk.
     pub hotspot: crate::hotspot::HotSpotWalkState,
+    /// V8's walk.
+    pub v8: crate::v8::V8WalkState,
 }
 
-const _: () = assert!(core::mem::size_of::<RuntimeStates>() == 48);
+const _: () = assert!(core::mem::size_of::<RuntimeStates>() == 56);
 
 impl RuntimeStates {
     /// Readies every runtime's state for a new sample. Field by field: a
@@ -176,6 +179,7 @@ impl RuntimeStates {
         self.python.reset();
         self.ruby.reset();
         self.hotspot.reset();
+        self.v8.reset();
     }
 }
 

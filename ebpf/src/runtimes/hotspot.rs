@@ -11,7 +11,7 @@ use icecore_unwinders::{
     Counter, ProgramIndex, WindowedReader, hotspot::HotSpotStep, runtime::resume, sample::flags,
 };
 
-use super::{append_word, append_words, has_room, scratch};
+use super::{append_word, append_words, hand_back, has_room, scratch};
 use crate::{
     maps::{HOTSPOT_PROCESSES, continue_in, count, count_n},
     native::UserMemory,
@@ -20,6 +20,9 @@ use crate::{
 /// Java frames walked per program run; tail calls continue.
 const FRAMES_PER_PROGRAM: usize = 24;
 
+// Written out rather than built on `handover_start`/`handover_end` (as
+// V8's is): with them, LLVM reloads an undefined Option payload from a
+// stack slot never written, which the 5.10 verifier refuses.
 pub fn unwind(ctx: &PerfEventContext) -> u32 {
     let Some(scratch) = scratch(ProgramIndex::HotSpot) else {
         return 0;
@@ -107,23 +110,14 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
         count(Counter::HotSpotStackTruncated);
         scratch.record.header.flags |= flags::USER_TRUNCATED;
     }
+    if scratch.record.header.user_words == 0 {
+        // Not even the sampled frame was read: the native unwinder records
+        // its PC, so that the sample keeps a frame.
+        hand_back(ctx, scratch, resume::NATIVE);
+        return 0;
+    }
     // The stack ends in Java code: the sample goes out as it is.
     scratch.state.native_done = 1;
     crate::emit::emit(scratch);
     0
-}
-
-/// Hands the registers back to the native unwinder: `how` is
-/// `resume::FRESH` at native code the Java frames called from, or
-/// `resume::NATIVE` when the frame was declined.
-#[inline(always)]
-fn hand_back(ctx: &PerfEventContext, scratch: &mut icecore_unwinders::UnwindScratch, how: u8) {
-    scratch.state.resume = how;
-    if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeResumed) {
-        return;
-    }
-    count(Counter::UserStackTruncated);
-    scratch.record.header.flags |= flags::USER_TRUNCATED;
-    scratch.state.native_done = 1;
-    crate::emit::emit(scratch);
 }

@@ -6,8 +6,9 @@
 pub mod hotspot;
 pub mod python;
 pub mod ruby;
+pub mod v8;
 
-use aya_ebpf::programs::PerfEventContext;
+use aya_ebpf::{maps::HashMap, programs::PerfEventContext};
 use icecore_unwinders::{
     Counter, ProgramIndex, SampleRecord, UnwindScratch,
     runtime::resume,
@@ -120,6 +121,102 @@ pub fn finish(ctx: &PerfEventContext, scratch: &mut UnwindScratch) {
         count(Counter::UserStackTruncated);
         scratch.record.header.flags |= flags::USER_TRUNCATED;
     }
+    crate::emit::emit(scratch);
+}
+
+/// A handover runtime's prologue: the scratch space and the process's
+/// entry in `processes`, or `None` when there is nothing to walk (the
+/// sample was emitted, or the frame handed back as native code, counted
+/// as `missing`, when user space has not described the process).
+#[inline(always)]
+#[allow(
+    clippy::mut_from_ref,
+    reason = "the scratch space is this CPU's map value, not borrowed from `processes`"
+)]
+pub fn handover_start<T>(
+    ctx: &PerfEventContext,
+    program: ProgramIndex,
+    processes: &'static HashMap<u32, T>,
+    missing: Counter,
+) -> Option<(&'static mut UnwindScratch, &'static T)> {
+    let scratch = scratch(program)?;
+    if scratch.state.native_done != 0 {
+        // Only handovers run these programs; nothing is left to walk.
+        crate::emit::emit(scratch);
+        return None;
+    }
+    let pid = scratch.record.header.pid;
+    // SAFETY: only read; user space replaces entries whole.
+    let Some(process) = (unsafe { processes.get(pid) }) else {
+        count(missing);
+        hand_back(ctx, scratch, resume::NATIVE);
+        return None;
+    };
+    Some((scratch, process))
+}
+
+/// How one run of a handover runtime's walk ended: a whole word, as the
+/// 5.10 verifier refuses an 8-byte reload of a value spilled in parts (an
+/// enum with a byte payload is stored as two).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct HandoverEnd(u64);
+
+impl HandoverEnd {
+    /// The run walked its share of frames: another tail call goes on.
+    pub const MORE: HandoverEnd = HandoverEnd(u64::MAX);
+    /// The walk cannot go on (unreadable, unknown code, a full record):
+    /// the sample goes out as it is.
+    pub const END: HandoverEnd = HandoverEnd(u64::MAX - 1);
+
+    /// The registers are at native code again (`resume::FRESH`), or the
+    /// runtime declined the frame (`resume::NATIVE`).
+    #[inline(always)]
+    pub const fn hand_back(how: u8) -> HandoverEnd {
+        HandoverEnd(how as u64)
+    }
+}
+
+/// Ends a run of a handover runtime's walk (`truncated`: its counter of
+/// walks cut short). A sample whose sampled frame itself could not be
+/// walked is handed to the native unwinder rather than sent without a
+/// frame.
+#[inline(always)]
+pub fn handover_end(
+    ctx: &PerfEventContext,
+    scratch: &mut UnwindScratch,
+    program: ProgramIndex,
+    end: HandoverEnd,
+    truncated: Counter,
+) {
+    if end == HandoverEnd::MORE {
+        if continue_in(ctx, &mut scratch.state, program) {
+            return;
+        }
+        count(truncated);
+        scratch.record.header.flags |= flags::USER_TRUNCATED;
+    } else if end != HandoverEnd::END {
+        hand_back(ctx, scratch, end.0 as u8);
+        return;
+    } else if scratch.record.header.user_words == 0 {
+        hand_back(ctx, scratch, resume::NATIVE);
+        return;
+    }
+    scratch.state.native_done = 1;
+    crate::emit::emit(scratch);
+}
+
+/// Hands the registers back to the native unwinder from a handover
+/// runtime: `how` is `resume::FRESH` at native code the runtime's frames
+/// were called from, or `resume::NATIVE` when the frame was declined.
+#[inline(always)]
+pub fn hand_back(ctx: &PerfEventContext, scratch: &mut UnwindScratch, how: u8) {
+    scratch.state.resume = how;
+    if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeResumed) {
+        return;
+    }
+    count(Counter::UserStackTruncated);
+    scratch.record.header.flags |= flags::USER_TRUNCATED;
+    scratch.state.native_done = 1;
     crate::emit::emit(scratch);
 }
 

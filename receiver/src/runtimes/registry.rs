@@ -3,11 +3,11 @@
 //! OTel frame type of its frames, its BPF half and how its plugin is built.
 
 use icecore_otlp::model::FrameKind;
-use icecore_unwinders::{BpfRuntime, hotspot::HOTSPOT, python::CPYTHON, ruby::CRUBY};
+use icecore_unwinders::{BpfRuntime, hotspot::HOTSPOT, python::CPYTHON, ruby::CRUBY, v8::V8};
 
 use super::{
     RuntimePlugin, hotspot::plugin::HotSpotPlugin, perf_map::PerfMapPlugin, python::PythonPlugin,
-    ruby::RubyPlugin,
+    ruby::RubyPlugin, v8::plugin::V8Plugin,
 };
 use crate::sampler::{CpuSampler, SamplerError};
 
@@ -70,6 +70,19 @@ pub static HOTSPOT_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     },
 };
 
+/// V8 (Node.js 18-24).
+pub static V8_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
+    name: V8.name,
+    summary: "V8 (Node.js 18-24): JavaScript functions, inlined ones included, scripts and lines, \
+              without any Node flag",
+    frame_kind: FrameKind::V8Js,
+    bpf: Some(&V8),
+    build: |sampler| {
+        let map = sampler.runtime_process_map(&V8, "V8_PROCESSES")?;
+        Ok(Box::new(V8Plugin::new(Box::new(map))))
+    },
+};
+
 /// JIT code named from `/tmp/perf-PID.map` and `jit-PID.dump`.
 pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     name: "perf-map",
@@ -81,10 +94,11 @@ pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
 };
 
 /// Every runtime, in the order plugins are offered a process.
-pub static RUNTIMES: [&RuntimeDescriptor; 4] = [
+pub static RUNTIMES: [&RuntimeDescriptor; 5] = [
     &CPYTHON_RUNTIME,
     &CRUBY_RUNTIME,
     &HOTSPOT_RUNTIME,
+    &V8_RUNTIME,
     &PERF_MAP_RUNTIME,
 ];
 

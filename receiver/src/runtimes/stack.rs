@@ -54,6 +54,18 @@ pub fn runs(words: &[u64]) -> impl Iterator<Item = Run<'_>> {
     })
 }
 
+/// The frame standing for a run of runtime words no plugin claims.
+fn unclaimed_frame(tag: u8, words: &[u64]) -> Arc<Frame> {
+    let kind = super::RUNTIMES
+        .iter()
+        .find(|r| r.bpf.is_some_and(|b| b.tags.first == tag & 0xf0))
+        .map_or(FrameKind::Native, |r| r.frame_kind);
+    let first = words
+        .first()
+        .map_or(0, |w| w & icecore_unwinders::runtime::PAYLOAD_MASK);
+    Symbolizer::unknown_frame(kind, first)
+}
+
 /// One piece of a user stack before deferred groups are spliced in.
 enum Piece {
     /// A native frame and the address its code is looked up at.
@@ -93,7 +105,10 @@ impl Runtimes {
                 }
                 Run::Runtime { tag, words } => {
                     let Some(index) = self.plugin_of_tag(pid, tag) else {
-                        // A process whose runtime was detached meanwhile.
+                        // A process whose runtime was detached meanwhile:
+                        // one unnamed frame of that runtime keeps the
+                        // sample's place (a stack of nothing is no stack).
+                        pieces.push(Piece::Frames(vec![unclaimed_frame(tag, words)]));
                         continue;
                     };
                     let groups = self.plugins[index].frames(pid, words);
@@ -255,9 +270,11 @@ mod tests {
         assert_eq!(names(&out), ["py1", "0x10", "py2"]);
         let out = r.user_stack(1, &[0xe1, 0x10], native);
         assert_eq!(names(&out), ["0xe1", "0x10"]);
-        // Words of a runtime the process does not have are left out.
-        let out = r.user_stack(2, &[0x10, w(1)], native);
-        assert_eq!(names(&out), ["0x10"]);
+        // Words of a runtime the process does not have (any more) keep
+        // their place as one unnamed frame of that runtime.
+        let out = r.user_stack(2, &[0x10, w(1), w(2)], native);
+        assert_eq!(names(&out), ["0x10", "0x1"]);
+        assert_eq!(out[1].kind, FrameKind::CPython);
     }
 
     #[test]

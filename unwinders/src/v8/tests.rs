@@ -7,8 +7,9 @@ use crate::memory::test_image::Image;
 /// The embedded builtins, with the interpreter's trampoline in them.
 const BLOB: u64 = 0x1a0_0000;
 const TRAMPOLINE: u64 = BLOB + 0x1000;
-/// JIT code.
+/// JIT code, and a copy of the builtins an isolate remapped next to it.
 const JIT: u64 = 0x7f00_0000_0000;
+const COPY: u64 = 0x7f10_0000_0000;
 /// C++ code of the embedder.
 const NATIVE: u64 = 0x40_0000;
 const SMI_BIAS: i32 = 63;
@@ -21,6 +22,7 @@ fn process() -> V8Process {
         fp_bytecode_offset: -40,
         frame_entry: 1,
         frame_construct_entry: 2,
+        function_shared: 24,
         ..V8Process::default()
     };
     p.code[0] = V8Range {
@@ -28,18 +30,33 @@ fn process() -> V8Process {
         high: BLOB + 0x20_0000,
     };
     p.code[1] = V8Range {
+        low: COPY,
+        high: COPY + 0x20_0000,
+    };
+    p.code[2] = V8Range {
         low: JIT,
         high: JIT + 0x800_0000,
     };
-    p.interpreter[0] = V8Range {
-        low: TRAMPOLINE,
-        high: TRAMPOLINE + 0x200,
+    p.builtin_ranges = 2;
+    p.interpreter = V8Range {
+        low: TRAMPOLINE - BLOB,
+        high: TRAMPOLINE - BLOB + 0x200,
     };
     p
 }
 
 fn smi(value: i64) -> u64 {
     (value as u64) << 32
+}
+
+/// The SharedFunctionInfo of the JSFunction at tagged `function`.
+fn shared_of(function: u64) -> u64 {
+    function + 0x100_0000
+}
+
+/// A JSFunction at tagged `function`, with its SharedFunctionInfo.
+fn function(m: &mut Image, function: u64) {
+    m.put(function - 1 + 24, shared_of(function));
 }
 
 /// A frame at `fp`: its caller's fp and return address, and its slots.
@@ -68,6 +85,8 @@ fn walks_optimized_interpreted_typed_and_entry_frames_to_native_code() {
     const MID: u64 = 0x2000_1001;
     const CONTEXT: u64 = 0x3000_0001;
     let mut m = Image::default();
+    function(&mut m, LEAF);
+    function(&mut m, MID);
     frame(
         &mut m,
         F1,
@@ -108,11 +127,12 @@ fn walks_optimized_interpreted_typed_and_entry_frames_to_native_code() {
         steps,
         [
             V8Step::Compiled {
+                shared: shared_of(LEAF),
                 function: LEAF,
                 pc: JIT + 0x40
             },
             V8Step::Interpreted {
-                function: MID,
+                shared: shared_of(MID),
                 bytecode_offset: 29
             },
             // The return address into JIT code: the stub's caller.
@@ -158,7 +178,20 @@ fn what_is_not_a_v8_frame_is_refused_without_moving() {
         let mut regs = Registers { bp, ..at };
         assert_eq!(p.step(&mut regs, true, &mut m), V8Step::ReadFailed);
     }
+    // A function whose SharedFunctionInfo slot holds no heap object.
+    frame(
+        &mut m,
+        fp,
+        fp + 0x100,
+        JIT,
+        &[(-8, 0x3000_0001), (-16, 0x2000_0001)],
+    );
+    m.put(0x2000_0001 - 1 + 24, smi(7));
+    let mut regs = at;
+    assert_eq!(p.step(&mut regs, true, &mut m), V8Step::ReadFailed);
+    assert_eq!(regs, at);
     // An interpreted frame whose offset slot is not a Smi.
+    function(&mut m, 0x2000_0001);
     frame(
         &mut m,
         fp,
@@ -177,4 +210,72 @@ fn what_is_not_a_v8_frame_is_refused_without_moving() {
         ..at
     };
     assert_eq!(p.step(&mut regs, true, &mut m), V8Step::ReadFailed);
+}
+
+/// A bytecode handler runs on its interpreted frame (top PC in the
+/// builtins, not in a trampoline): the frame is interpreted at the offset
+/// its slot holds. A builtin with JavaScript linkage keeps no Smi there and
+/// is reported by its PC; outside the builtins the slot is never read.
+#[test]
+fn frames_in_bytecode_handlers_are_interpreted_and_builtins_are_compiled() {
+    let p = process();
+    let fp = 0x7ffc_0000_3000;
+    let caller = 0x7ffc_0000_3100;
+    let handler = BLOB + 0x9_0000;
+    let cases = [
+        (
+            handler,
+            smi(12 + i64::from(SMI_BIAS)),
+            V8Step::Interpreted {
+                shared: shared_of(0x2000_0001),
+                bytecode_offset: 12,
+            },
+        ),
+        (
+            handler,
+            0x4000_0001,
+            V8Step::Compiled {
+                shared: shared_of(0x2000_0001),
+                function: 0x2000_0001,
+                pc: handler,
+            },
+        ),
+        (
+            JIT + 0x80,
+            smi(12 + i64::from(SMI_BIAS)),
+            V8Step::Compiled {
+                shared: shared_of(0x2000_0001),
+                function: 0x2000_0001,
+                pc: JIT + 0x80,
+            },
+        ),
+    ];
+    // The trampoline in the copy: interpreted, with or without a Smi.
+    let copied = COPY + (TRAMPOLINE - BLOB) + 8;
+    let cases = cases.into_iter().chain([(
+        copied,
+        smi(3 + i64::from(SMI_BIAS)),
+        V8Step::Interpreted {
+            shared: shared_of(0x2000_0001),
+            bytecode_offset: 3,
+        },
+    )]);
+    for (pc, offset_slot, expected) in cases {
+        let mut m = Image::default();
+        function(&mut m, 0x2000_0001);
+        frame(
+            &mut m,
+            fp,
+            caller,
+            TRAMPOLINE + 0x10,
+            &[(-8, 0x3000_0001), (-16, 0x2000_0001), (-40, offset_slot)],
+        );
+        let mut regs = Registers {
+            ip: pc,
+            sp: fp - 0x40,
+            bp: fp,
+        };
+        assert_eq!(p.step(&mut regs, true, &mut m), expected);
+        assert_eq!(regs.ip, TRAMPOLINE + 0x10);
+    }
 }

@@ -99,6 +99,12 @@ pub struct V8Binary {
     pub embedded_blob: Option<AddressRange>,
     /// Where the file's segments load.
     pub segments: LoadSegments,
+    /// `interpreter::Bytecodes::kBytecodeSizes`: each bytecode's size with
+    /// its operands, for operand scales 1, 2 and 4 (empty when missing).
+    pub bytecode_sizes: Vec<u8>,
+    /// `IsolateGroup::default_isolate_group_` (V8 13), whose group holds
+    /// the JS dispatch table.
+    pub isolate_group: Option<u64>,
 }
 
 impl V8Binary {
@@ -137,6 +143,8 @@ pub fn inspect(path: &Path) -> Result<V8Binary, InspectError> {
     let mut blob_code = None;
     let mut blob_data = None;
     let mut blob_size = None;
+    let mut bytecode_sizes = Vec::new();
+    let mut isolate_group = None;
     // `.symtab` has everything when present; `.dynsym` keeps the constants
     // and the version of a stripped binary.
     for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
@@ -168,6 +176,12 @@ pub fn inspect(path: &Path) -> Result<V8Binary, InspectError> {
         match name {
             "v8_Default_embedded_blob_code_" => blob_code = Some(symbol_location(&elf, &symbol)),
             "v8_Default_embedded_blob_code_data_" => blob_data = Some(symbol.address()),
+            "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE" => {
+                bytecode_sizes = symbol_bytes(&elf, &symbol).unwrap_or_default();
+            }
+            "_ZN2v88internal12IsolateGroup22default_isolate_group_E" => {
+                isolate_group = Some(symbol.address());
+            }
             "v8_Default_embedded_blob_code_size_" => {
                 blob_size = symbol_int(&elf, &symbol).and_then(|v| u64::try_from(v).ok());
             }
@@ -212,6 +226,8 @@ pub fn inspect(path: &Path) -> Result<V8Binary, InspectError> {
         builtins,
         embedded_blob,
         segments: LoadSegments::of(&elf),
+        bytecode_sizes,
+        isolate_group,
     })
 }
 
@@ -241,6 +257,22 @@ fn symbol_location<'data, R: object::ReadRef<'data>>(
         }
         _ => SymbolLocation::Code(symbol.address()),
     }
+}
+
+/// The bytes of a data symbol (at most 4 KiB).
+fn symbol_bytes<'data, R: object::ReadRef<'data>>(
+    elf: &object::File<'data, R>,
+    symbol: &object::Symbol<'data, '_, R>,
+) -> Option<Vec<u8>> {
+    let SymbolSection::Section(index) = symbol.section() else {
+        return None;
+    };
+    if symbol.size() > 4096 {
+        return None;
+    }
+    let section = elf.section_by_index(index).ok()?;
+    let bytes = section.data_range(symbol.address(), symbol.size()).ok()??;
+    Some(bytes.to_vec())
 }
 
 /// The integer a data symbol holds (4 or 8 bytes, little-endian, signed);

@@ -113,6 +113,69 @@ pub const FALLBACKS: &[Fallback] = &[
         value: 8,
         source: "shared-function-info.tq (trusted_function_data / untrusted_function_data at 8, no sandbox)",
     },
+    Fallback {
+        name: "class_Code__source_position_table",
+        from: (10, 0),
+        to: (10, 9),
+        value: 24,
+        source: "code.h (V8 10.2: relocation_info 8, deoptimization_data_or_interpreter_data 16, position_table 24)",
+    },
+    Fallback {
+        name: "class_Code__source_position_table",
+        from: (12, 0),
+        to: (13, 9),
+        value: 16,
+        source: "code.h (V8 12: deoptimization_data_or_interpreter_data 8, position_table 16)",
+    },
+    Fallback {
+        name: "class_Code__deoptimization_data",
+        from: (10, 0),
+        to: (10, 9),
+        value: 16,
+        source: "code.h (V8 10.2: deoptimization_data_or_interpreter_data at 16)",
+    },
+    Fallback {
+        name: "class_Code__deoptimization_data",
+        from: (12, 0),
+        to: (13, 9),
+        value: 8,
+        source: "code.h (V8 12: deoptimization_data_or_interpreter_data at 8)",
+    },
+    Fallback {
+        name: "DeoptimizationDataInlinedFunctionCountIndex",
+        from: (10, 0),
+        to: (10, 9),
+        value: 1,
+        source: "code.h:1115-1126 (V8 10.2: DeoptimizationData indices), checked on live TurboFan code of Node 18.20.8",
+    },
+    Fallback {
+        name: "DeoptimizationDataLiteralArrayIndex",
+        from: (10, 0),
+        to: (10, 9),
+        value: 2,
+        source: "code.h:1115-1126 (V8 10.2), checked on live TurboFan code of Node 18.20.8",
+    },
+    Fallback {
+        name: "DeoptimizationDataInliningPositionsIndex",
+        from: (10, 0),
+        to: (10, 9),
+        value: 7,
+        source: "code.h:1115-1126 (V8 10.2), checked on live TurboFan code of Node 18.20.8",
+    },
+    Fallback {
+        name: "class_JSFunction__dispatch_handle",
+        from: (13, 0),
+        to: (13, 9),
+        value: 24,
+        source: "js-function.tq (V8 13, leap-tiering: dispatch_handle first); %DebugPrint in Node 24.21.0",
+    },
+    Fallback {
+        name: "IsolateGroup__js_dispatch_table",
+        from: (13, 6),
+        to: (13, 6),
+        value: 0x3270,
+        source: "ExternalReference::js_dispatch_table_address() in Node 24.21.0: mov rax,[default_isolate_group_]; mov rax,[rax+0x3270]",
+    },
 ];
 
 /// Frame types (`StackFrame::Type`) the walk tells apart; a typed frame
@@ -196,6 +259,32 @@ pub struct V8Layout {
     pub scope_info: ScopeInfoLayout,
     /// Where a function's source positions and script are.
     pub source: SourceLayout,
+    /// Code objects: their positions and kinds.
+    pub code: CodeLayout,
+}
+
+/// Code objects (what a compiled frame runs) and how a function finds its
+/// code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeLayout {
+    /// `Code::instruction_size` (i32).
+    pub instruction_size: u64,
+    /// `Code::source_position_table`: source positions of optimized code,
+    /// the bytecode-offset table of baseline code.
+    pub position_table: u64,
+    /// `Code::deoptimization_data` (optimized code).
+    pub deoptimization_data: u64,
+    /// Where a JSFunction's dispatch handle is, and where the isolate
+    /// group keeps the dispatch table (V8 13, which has no code field).
+    pub dispatch: Option<(u64, u64)>,
+    /// Elements of an optimized Code's DeoptimizationData: the inlined
+    /// function count, the literal array (the inlined functions first)
+    /// and the inlining positions.
+    pub deopt_indices: [u64; 3],
+    /// The object whose header precedes the instructions: its instance
+    /// type and header size; since V8 11 an InstructionStream, whose
+    /// second word points back to its Code, before it the Code itself.
+    pub header_object: (u16, u64),
 }
 
 /// From a function to its script, and from a bytecode offset to a line.
@@ -241,6 +330,9 @@ pub struct StringLayout {
     pub sliced_parent: u64,
     /// `SlicedString::offset` (a Smi).
     pub sliced_offset: u64,
+    /// An external string's pointer to its characters
+    /// (`ExternalString::resource_data`, after its resource).
+    pub external_data: u64,
 }
 
 /// ScopeInfo: a header of Smis (a raw `u32` of flags in V8 13), then
@@ -294,6 +386,7 @@ pub fn resolve(binary: &V8Binary) -> Result<V8Layout, MissingConstant> {
         u16::try_from(value(name)?).map_err(|_| missing(name))
     };
     let frame_type = |name: &str| value(&format!("frametype_{name}"));
+    let code_type = instance_type("type_Code__CODE_TYPE")?;
     // V8 13 moved a function's code into the dispatch table: no field.
     let js_function_code = match value("class_JSFunction__code") {
         Ok(at) => Some(u64::try_from(at).map_err(|_| missing("class_JSFunction__code"))?),
@@ -332,7 +425,7 @@ pub fn resolve(binary: &V8Binary) -> Result<V8Layout, MissingConstant> {
         shared_function_info_type: instance_type(
             "type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE",
         )?,
-        code_type: instance_type("type_Code__CODE_TYPE")?,
+        code_type,
         bytecode_array_type: instance_type("type_BytecodeArray__BYTECODE_ARRAY_TYPE")?,
         script_type: instance_type("type_Script__SCRIPT_TYPE")?,
         scope_info_type: instance_type("type_ScopeInfo__SCOPE_INFO_TYPE")?,
@@ -345,6 +438,7 @@ pub fn resolve(binary: &V8Binary) -> Result<V8Layout, MissingConstant> {
             thin_actual: offset("class_ThinString__actual")?,
             sliced_parent: offset("class_SlicedString__parent")?,
             sliced_offset: offset("class_SlicedString__offset")?,
+            external_data: offset("class_ExternalString__resource")? + 8,
         },
         scope_info: ScopeInfoLayout {
             raw_flags: version.major >= 13,
@@ -368,6 +462,31 @@ pub fn resolve(binary: &V8Binary) -> Result<V8Layout, MissingConstant> {
             interpreter_data_type: instance_type("type_InterpreterData__INTERPRETER_DATA_TYPE")?,
             debug_info_type: instance_type("type_DebugInfo__DEBUG_INFO_TYPE")?,
             fixed_array_type: instance_type("type_FixedArray__FIXED_ARRAY_TYPE")?,
+        },
+        code: CodeLayout {
+            instruction_size: offset("class_Code__instruction_size")?,
+            position_table: offset("class_Code__source_position_table")?,
+            deoptimization_data: offset("class_Code__deoptimization_data")?,
+            deopt_indices: [
+                offset("DeoptimizationDataInlinedFunctionCountIndex")?,
+                offset("DeoptimizationDataLiteralArrayIndex")?,
+                offset("DeoptimizationDataInliningPositionsIndex")?,
+            ],
+            header_object: if version.major < 11 {
+                (code_type, offset("class_Code__instruction_start")?)
+            } else {
+                (
+                    instance_type("type_InstructionStream__INSTRUCTION_STREAM_TYPE")?,
+                    offset("class_InstructionStream__instruction_start")?,
+                )
+            },
+            dispatch: match js_function_code {
+                Some(_) => None,
+                None => Some((
+                    offset("class_JSFunction__dispatch_handle")?,
+                    offset("IsolateGroup__js_dispatch_table")?,
+                )),
+            },
         },
     })
 }

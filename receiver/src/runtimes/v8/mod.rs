@@ -1,16 +1,27 @@
-//! V8 (Node.js): what each binary says about its frames and objects.
+//! V8 (Node.js 18 to 24, and any binary exporting `v8dbg_*` constants):
+//! JavaScript frames without any Node flag.
 //!
-//! The unwinder is built in steps. So far: a V8 binary's introspection
-//! data and the layout the walk and the symbolizer need, for V8 10.2
-//! (Node 18) to 13.6 (Node 24), and a process described to the walk
-//! (`icecore_unwinders::v8`), and functions named as `--cpu-prof` names
-//! them, checked on live processes of each version.
+//! - [`introspection`] and [`layout`]: what each binary says of its frames
+//!   and objects, with the few missing values as per-version data.
+//! - [`process`]: a process described to the BPF walk
+//!   (`icecore_unwinders::v8`): its builtins (and each isolate's copy),
+//!   its JIT code ranges, the interpreter's trampolines.
+//! - [`plugin`]: the runtime plugin (detection, BPF map, JIT ranges
+//!   followed as V8 commits them).
+//! - [`names`], [`positions`], [`code`], [`symbols`]: functions named as
+//!   `--cpu-prof` names them, scripts and lines from bytecode offsets,
+//!   Sparkplug's offset tables and optimized code's position tables with
+//!   its inlined functions, cached per SharedFunctionInfo and per code
+//!   range.
 
+pub mod code;
 pub mod introspection;
 pub mod layout;
 pub mod names;
+pub mod plugin;
 pub mod positions;
 pub mod process;
+pub mod symbols;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

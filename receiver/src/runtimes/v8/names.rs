@@ -165,26 +165,13 @@ impl<'a> V8Objects<'a> {
             return Some(());
         }
         match kind & STRING_REPRESENTATION {
-            SEQ => {
-                let one_byte = kind & ONE_BYTE != 0;
-                let width = if one_byte { 1 } else { 2 };
-                let at = untag(string)? + s.seq_chars + start * width;
-                let bytes = self
-                    .memory
-                    .read_vec(at, count * width, count * width)
-                    .ok()?;
-                if one_byte {
-                    // Latin-1.
-                    out.extend(bytes.iter().map(|&b| char::from(b)));
-                } else {
-                    let units: Vec<u16> = bytes
-                        .chunks_exact(2)
-                        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                        .collect();
-                    out.extend(char::decode_utf16(units).map(|c| c.unwrap_or('\u{fffd}')));
-                }
-                Some(())
-            }
+            SEQ => self.append_chars(
+                untag(string)? + s.seq_chars,
+                kind & ONE_BYTE != 0,
+                start,
+                count,
+                out,
+            ),
             CONS => {
                 let first = self.field(string, s.cons_first)?;
                 let first_length = u64::from(self.field(first, s.length)? as u32);
@@ -209,9 +196,46 @@ impl<'a> V8Objects<'a> {
                     u64::try_from(smi_value(self.field(string, s.sliced_offset)?)?).ok()?;
                 self.append_string(parent, offset + start, count, out, hops + 1)
             }
-            // External strings (a builtin module's source) are not names.
+            EXTERNAL if kind & UNCACHED_EXTERNAL == 0 => {
+                // The characters live outside the heap (a builtin module's
+                // source, embedded in the binary); the string keeps a
+                // pointer to them. An uncached one keeps only its resource,
+                // whose data only a virtual call finds.
+                let data = self.field(string, s.external_data)?;
+                self.append_chars(data, kind & ONE_BYTE != 0, start, count, out)
+            }
             _ => None,
         }
+    }
+}
+
+impl V8Objects<'_> {
+    /// Appends characters `start..start + count` of the one-byte (Latin-1)
+    /// or two-byte (UTF-16) characters at `chars`.
+    fn append_chars(
+        &self,
+        chars: u64,
+        one_byte: bool,
+        start: u64,
+        count: u64,
+        out: &mut String,
+    ) -> Option<()> {
+        let width = if one_byte { 1 } else { 2 };
+        let at = chars.checked_add(start.checked_mul(width)?)?;
+        let bytes = self
+            .memory
+            .read_vec(at, count * width, count * width)
+            .ok()?;
+        if one_byte {
+            out.extend(bytes.iter().map(|&b| char::from(b)));
+        } else {
+            let units: Vec<u16> = bytes
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect();
+            out.extend(char::decode_utf16(units).map(|c| c.unwrap_or('\u{fffd}')));
+        }
+        Some(())
     }
 }
 
@@ -222,6 +246,9 @@ const SEQ: u16 = 0;
 const CONS: u16 = 1;
 const SLICED: u16 = 3;
 const THIN: u16 = 5;
+const EXTERNAL: u16 = 2;
+/// `kUncachedExternalStringMask`: the string has no data pointer.
+const UNCACHED_EXTERNAL: u16 = 0x10;
 const ONE_BYTE: u16 = 8;
 
 /// The address of a tagged heap object.

@@ -4,14 +4,12 @@
 //! offset in the script, and the script's line ends (V8's, or computed
 //! here from its source when V8 has not computed them) give the line.
 
-use super::names::{V8Objects, is_smi, smi_value, untag};
+use super::names::{V8Objects, smi_value, untag};
 
 /// Longest script source read to compute its line ends, in characters.
 pub const MAX_SOURCE_CHARS: u64 = 16 << 20;
 /// Most line ends read from a script's own table.
 const MAX_LINES: u64 = 4 << 20;
-/// Largest position table decoded, in bytes.
-const MAX_TABLE_BYTES: u64 = 4 << 20;
 
 /// A function's script: its name (a path or URL, "" for eval code) and
 /// where each of its lines ends.
@@ -39,8 +37,14 @@ impl V8Objects<'_> {
     /// The BytecodeArray of the tagged SharedFunctionInfo `shared`: its
     /// function data, directly or through baseline code or InterpreterData.
     pub fn bytecode_of(&self, shared: u64) -> Option<u64> {
+        self.bytecode_in(self.field(shared, self.layout.sfi_function_data)?)
+    }
+
+    /// The BytecodeArray `data` is or leads to (through baseline code or
+    /// InterpreterData).
+    pub fn bytecode_in(&self, data: u64) -> Option<u64> {
         let l = self.layout;
-        let mut data = self.field(shared, l.sfi_function_data)?;
+        let mut data = data;
         for _ in 0..2 {
             let kind = self.instance_type(data)?;
             if kind == l.bytecode_array_type {
@@ -60,19 +64,13 @@ impl V8Objects<'_> {
     /// The script character offset of `bytecode_offset` in the tagged
     /// BytecodeArray `bytecode`: the last table entry at or before it.
     pub fn source_position(&self, bytecode: u64, bytecode_offset: u64) -> Option<u64> {
-        let table = self.field(bytecode, self.layout.source.bytecode_positions)?;
-        if is_smi(table) {
-            return None; // not collected
-        }
-        let length = u64::try_from(smi_value(self.field(table, 8)?)?).ok()?;
-        if length > MAX_TABLE_BYTES {
-            return None;
-        }
-        let bytes = self
-            .memory
-            .read_vec(untag(table)? + 16, length, MAX_TABLE_BYTES)
-            .ok()?;
-        position_in_table(&bytes, bytecode_offset)
+        position_in_table(&self.bytecode_position_table(bytecode)?, bytecode_offset)
+    }
+
+    /// The source-position table of the tagged BytecodeArray `bytecode`
+    /// (`None` while V8 has not collected it: a Smi).
+    pub fn bytecode_position_table(&self, bytecode: u64) -> Option<Vec<u8>> {
+        self.byte_array(self.field(bytecode, self.layout.source.bytecode_positions)?)
     }
 
     /// The script of the tagged SharedFunctionInfo `shared`.
@@ -158,13 +156,45 @@ pub fn line_ends_of(source: &str) -> Vec<u64> {
     ends
 }
 
-/// The script offset at `code_offset` in a source-position table: each
-/// entry is a zig-zag VLQ code delta (negative: not a statement) and a
-/// zig-zag VLQ delta of the packed position (bit 0 external, bits 1-30
-/// the script offset + 1).
+/// A source position: a script offset, and the inlined function it is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourcePosition {
+    /// Character offset in the function's script.
+    pub script_offset: u64,
+    /// Index into the code's inlining positions; `None` in the outermost
+    /// function.
+    pub inlining_id: Option<usize>,
+}
+
+impl SourcePosition {
+    /// Decodes V8's packed position (source-position.h: bit 0 external,
+    /// bits 1-30 the script offset + 1, bits 31-46 the inlining id + 1).
+    pub fn unpack(raw: u64) -> Option<SourcePosition> {
+        let script_offset = ((raw >> 1) & 0x3fff_ffff).checked_sub(1)?;
+        let inlining = (raw >> 31) & 0xffff;
+        Some(SourcePosition {
+            script_offset,
+            inlining_id: inlining
+                .checked_sub(1)
+                .and_then(|i| usize::try_from(i).ok()),
+        })
+    }
+}
+
+/// The script offset at `code_offset` in a source-position table.
 pub fn position_in_table(table: &[u8], code_offset: u64) -> Option<u64> {
+    entry_at(table, code_offset).map(|p| p.script_offset)
+}
+
+/// The position of the last entry at or before `code_offset` in a
+/// source-position table, as `Code::SourcePosition` and
+/// `BytecodeArray::SourcePosition` find it: each entry is a zig-zag VLQ
+/// code delta (negative: not a statement) and a zig-zag VLQ delta of the
+/// packed position; both start from the function's entry (code offset -1,
+/// position 0).
+pub fn entry_at(table: &[u8], code_offset: u64) -> Option<SourcePosition> {
     let mut at = 0;
-    let (mut code, mut raw) = (0i64, 0i64);
+    let (mut code, mut raw) = (-1i64, 0i64);
     let mut found = None;
     while at < table.len() {
         let code_delta = vlq(table, &mut at)?;
@@ -179,13 +209,20 @@ pub fn position_in_table(table: &[u8], code_offset: u64) -> Option<u64> {
         if code > i64::try_from(code_offset).ok()? {
             break;
         }
-        found = Some(((raw >> 1) & 0x3fff_ffff) - 1);
+        found = Some(raw);
     }
-    found.and_then(|p| u64::try_from(p).ok())
+    SourcePosition::unpack(u64::try_from(found?).ok()?)
 }
 
-/// One zig-zag VLQ integer (7 bits per byte, low first, bit 7: more).
+/// One zig-zag VLQ integer: an unsigned one whose bit 0 is the sign.
 fn vlq(bytes: &[u8], at: &mut usize) -> Option<i64> {
+    let value = vlq_unsigned(bytes, at)?;
+    Some(((value >> 1) as i64) ^ -((value & 1) as i64))
+}
+
+/// One unsigned VLQ (`base::VLQDecodeUnsigned`: 7 bits per byte, low
+/// first, bit 7 set while more follow).
+pub(super) fn vlq_unsigned(bytes: &[u8], at: &mut usize) -> Option<u64> {
     let mut value = 0u64;
     let mut shift = 0;
     loop {
@@ -193,14 +230,13 @@ fn vlq(bytes: &[u8], at: &mut usize) -> Option<i64> {
         *at += 1;
         value |= u64::from(byte & 0x7f) << shift;
         if byte & 0x80 == 0 {
-            break;
+            return Some(value);
         }
         shift += 7;
         if shift > 63 {
             return None;
         }
     }
-    Some(((value >> 1) as i64) ^ -((value & 1) as i64))
 }
 
 #[cfg(test)]
@@ -223,9 +259,10 @@ mod tests {
 
     #[test]
     fn positions_come_from_the_last_entry_at_or_before_the_offset() {
-        // (code 0, script 31), (code 5, 40, not a statement), (code 12, 95)
+        // (code 0, script 31), (code 5, 40, not a statement), (code 12,
+        // 95); code offsets count from the entry, -1.
         let mut table = Vec::new();
-        for (code_delta, position_delta) in [(0i64, 32i64 << 1), (-6, 9 << 1), (7, 55 << 1)] {
+        for (code_delta, position_delta) in [(1i64, 32i64 << 1), (-6, 9 << 1), (7, 55 << 1)] {
             table.extend(zigzag(code_delta));
             table.extend(zigzag(position_delta));
         }
@@ -234,6 +271,17 @@ mod tests {
         assert_eq!(position_in_table(&table, 5), Some(40));
         assert_eq!(position_in_table(&table, 30), Some(95));
         assert_eq!(position_in_table(&[0x80], 0), None);
+        // Inlined: script offset 7 in inlined function 2 (id + 1 = 3).
+        let raw = (3i64 << 31) | (8 << 1);
+        let mut inlined = zigzag(1);
+        inlined.extend(zigzag(raw));
+        assert_eq!(
+            entry_at(&inlined, 0),
+            Some(SourcePosition {
+                script_offset: 7,
+                inlining_id: Some(2)
+            })
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! One V8 process described to the walk: where its builtins run (the
-//! binary's text, and the copy V8 remaps next to its JIT code for short
-//! builtin calls, Node 20 and later), its JIT code, and the interpreter's
-//! trampolines in each copy.
+//! binary's text, and the copy each isolate remaps into its JIT code range
+//! for short builtin calls, Node 20 and later), its JIT code ranges (one
+//! per isolate: the main thread's and each worker's), and the
+//! interpreter's trampolines.
 
 use icecore_unwinders::v8::{MAX_V8_RANGES, V8Process, V8Range};
 
@@ -31,6 +32,9 @@ pub enum DescribeError {
     /// stripped binary).
     #[error("the V8 binary's symbol table does not locate its builtins")]
     NoSymbols,
+    /// A layout value is out of the range the walk stores.
+    #[error("{0} is out of range")]
+    Layout(&'static str),
 }
 
 /// The walk's description of a process whose mappings are `maps`, where
@@ -51,7 +55,6 @@ pub fn describe(
         })
         .ok_or(DescribeError::NoSymbols)?;
     let mut code = Vec::new();
-    let mut interpreter = Vec::new();
     for mapping in maps.executable().filter(|m| is_binary(m)) {
         let Some(bias) = binary
             .segments
@@ -64,14 +67,19 @@ pub fn describe(
             let high = range.end.wrapping_add(bias).min(mapping.end);
             (low < high).then_some(V8Range { low, high })
         };
-        if let Some(range) = within(blob) {
+        // The whole blob or nothing: trampolines are found by their
+        // offset in it.
+        if let Some(range) = within(blob)
+            && range.high - range.low == blob.end - blob.start
+        {
             code.push(range);
-            interpreter.extend(within(trampolines));
         }
     }
     if code.is_empty() {
         return Err(DescribeError::NoBuiltins);
     }
+    code.truncate(MAX_V8_RANGES / 2);
+    let builtin_ranges = code.len();
     let mut jit: Vec<V8Range> = Vec::new();
     for anon in maps.anonymous_code() {
         match jit.last_mut() {
@@ -95,14 +103,18 @@ pub fn describe(
         fp_bytecode_offset: slot(layout.fp_bytecode_offset),
         frame_entry: u8::try_from(layout.frame_types.entry).unwrap_or(u8::MAX),
         frame_construct_entry: u8::try_from(layout.frame_types.construct_entry).unwrap_or(u8::MAX),
+        builtin_ranges: u8::try_from(builtin_ranges.min(MAX_V8_RANGES)).unwrap_or(0),
+        function_shared: u8::try_from(layout.js_function_shared)
+            .map_err(|_| DescribeError::Layout("JSFunction::shared"))?,
         ..V8Process::default()
     };
     for (slot, range) in process.code.iter_mut().zip(code) {
         *slot = range;
     }
-    for (slot, range) in process.interpreter.iter_mut().zip(interpreter) {
-        *slot = range;
-    }
+    process.interpreter = V8Range {
+        low: trampolines.start.wrapping_sub(blob.start),
+        high: trampolines.end.wrapping_sub(blob.start),
+    };
     Ok(process)
 }
 

@@ -89,6 +89,7 @@ fn expected(major: u32) -> V8Layout {
             thin_actual: 16,
             sliced_parent: 16,
             sliced_offset: 24,
+            external_data: 24,
         },
         scope_info: super::layout::ScopeInfoLayout {
             raw_flags: major == 24,
@@ -108,6 +109,14 @@ fn expected(major: u32) -> V8Layout {
             interpreter_data_type: t([162, 159, 207, 188]),
             debug_info_type: t([156, 153, 154, 154]),
             fixed_array_type: t([179, 175, 174, 205]),
+        },
+        code: super::layout::CodeLayout {
+            instruction_size: u([40, 56, 52, 56]),
+            position_table: u([24, 24, 16, 16]),
+            deoptimization_data: u([16, 16, 8, 8]),
+            dispatch: (major == 24).then_some((24, 0x3270)),
+            deopt_indices: if major == 24 { [1, 3, 8] } else { [1, 2, 7] },
+            header_object: [(240, 128), (252, 16), (210, 32), (192, 32)][by([0, 1, 2, 3]) as usize],
         },
     }
 }

@@ -113,11 +113,16 @@ fn the_v8_walk_finds_the_javascript_frames_of_live_nodes() {
         // The functions of the JavaScript frames, innermost first: the
         // spinning leaf (interpreted, or compiled by on-stack replacement),
         // then its cold callers, all interpreted.
+        let objects = V8Objects::new(&layout, &memory.0);
         let functions: Vec<u64> = steps
             .iter()
-            .filter_map(|s| match s {
-                V8Step::Interpreted { function, .. } | V8Step::Compiled { function, .. } => {
-                    Some(*function)
+            .filter_map(|s| match *s {
+                V8Step::Interpreted { shared, .. } => Some(shared),
+                V8Step::Compiled {
+                    shared, function, ..
+                } => {
+                    assert_eq!(objects.shared_of(function), Some(shared), "Node {major}");
+                    Some(shared)
                 }
                 _ => None,
             })
@@ -150,13 +155,14 @@ fn the_v8_walk_finds_the_javascript_frames_of_live_nodes() {
                 "Node {major}: frame {i}"
             );
         }
-        // JSFunctions (`shared_of` checks the instance types), named as
-        // V8 names them: one by its own name, one by the inferred one.
-        let objects = V8Objects::new(&layout, &memory.0);
-        let name = |function: u64| {
-            let shared = objects
-                .shared_of(function)
-                .unwrap_or_else(|| panic!("Node {major}: {function:#x} is no JSFunction"));
+        // SharedFunctionInfos, named as V8 names them: one by its own
+        // name, one by the inferred one.
+        let name = |shared: u64| {
+            assert_eq!(
+                objects.instance_type(shared),
+                Some(layout.shared_function_info_type),
+                "Node {major}: {shared:#x} is no SharedFunctionInfo"
+            );
             objects.function_name(shared).unwrap()
         };
         assert_eq!(name(leaf), "leaf", "Node {major}");
@@ -169,9 +175,9 @@ fn the_v8_walk_finds_the_javascript_frames_of_live_nodes() {
             line_of("return leaf(n) + 1"),
         ];
         let mut checked = 0;
-        for step in &steps {
+        for (i, step) in steps.iter().enumerate() {
             let V8Step::Interpreted {
-                function,
+                shared,
                 bytecode_offset,
             } = *step
             else {
@@ -179,12 +185,18 @@ fn the_v8_walk_finds_the_javascript_frames_of_live_nodes() {
             };
             let Some(expected) = [leaf, mid]
                 .iter()
-                .position(|&f| f == function)
-                .map(|i| call_lines[i])
+                .position(|&f| f == shared)
+                .map(|f| call_lines[f])
             else {
                 continue; // the module's own function
             };
-            let shared = objects.shared_of(function).unwrap();
+            // The spinning leaf itself, stopped in a bytecode handler, is
+            // on its loop's line (at the offset its frame last saved).
+            let expected = if i == 0 {
+                line_of("for (;;)")
+            } else {
+                expected
+            };
             let bytecode = objects.bytecode_of(shared).unwrap();
             let position = objects
                 .source_position(bytecode, u64::from(bytecode_offset))
