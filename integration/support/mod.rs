@@ -17,6 +17,7 @@ pub mod jvm;
 pub mod kube;
 pub mod metrics;
 pub mod native;
+pub mod node;
 pub mod otlp;
 pub mod parca;
 pub mod pprof;
