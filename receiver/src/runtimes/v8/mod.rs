@@ -23,6 +23,8 @@ pub mod positions;
 pub mod process;
 pub mod symbols;
 #[cfg(test)]
+mod symbols_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod walk_tests;

@@ -39,7 +39,7 @@ pub(super) fn nodes() -> Vec<(u32, PathBuf)> {
 /// that build (JSFunction, SharedFunctionInfo and Code objects printed
 /// with `%DebugPrint`, then read through `/proc/PID/mem`; frame slots read
 /// from stopped threads' stacks).
-fn expected(major: u32) -> V8Layout {
+pub(super) fn expected(major: u32) -> V8Layout {
     let by = |values: [i64; 4]| -> i64 {
         values[match major {
             18 => 0,
