@@ -52,6 +52,14 @@ enum ProbeError {
     /// A V8 whose layout is not known.
     #[error(transparent)]
     Layout(#[from] MissingConstant),
+    /// A V8 whose file does not say where its builtins are: a binary or
+    /// library whose `.symtab` was stripped (Debian's `libnode`), which
+    /// keeps only the exported `v8dbg_*` constants.
+    #[error(
+        "{0} has V8 {1} but no symbol table locating its builtins \
+         (stripped); its JavaScript frames are not unwound"
+    )]
+    Stripped(String, String),
 }
 
 /// A V8 binary and the layout it describes.
@@ -67,6 +75,13 @@ fn probe(path: &Path) -> Result<V8Runtime, ProbeError> {
     }
     let binary = inspect(path)?;
     let layout = resolve(&binary)?;
+    let trampoline = binary.builtin("Builtins_InterpreterEntryTrampoline");
+    if binary.embedded_blob.is_none() || trampoline.is_none() {
+        return Err(ProbeError::Stripped(
+            path.display().to_string(),
+            binary.version.to_string(),
+        ));
+    }
     Ok(V8Runtime { binary, layout })
 }
 
@@ -152,7 +167,8 @@ impl V8Plugin {
             let stats = &mut self.stats;
             let runtime = self.binaries.get_or_probe(pid, mapping, |path| {
                 probe(path).inspect_err(|e| {
-                    if matches!(e, ProbeError::Layout(_)) {
+                    // Once per file: a failed probe is remembered.
+                    if matches!(e, ProbeError::Layout(_) | ProbeError::Stripped(..)) {
                         stats.attach_failures += 1;
                         warn!(pid, file = %mapping.path, "V8 not profiled: {e}");
                     }
@@ -338,5 +354,44 @@ impl RuntimePlugin for V8Plugin {
             frame_errors: self.symbols.errors,
             ..self.stats
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::test_support::missing_prerequisite;
+
+    /// A node whose `.symtab` was stripped (as Debian strips `libnode`)
+    /// is refused with the reason, once per file, not described in vain.
+    #[test]
+    fn a_stripped_v8_is_refused_with_its_reason() {
+        let node = Path::new("/usr/bin/node");
+        if !node.exists() {
+            missing_prerequisite("/usr/bin/node");
+            return;
+        }
+        assert!(probe(node).is_ok(), "the unstripped node is a V8");
+        let dir = tempfile::tempdir().unwrap();
+        let stripped = dir.path().join("node");
+        let status = std::process::Command::new("strip")
+            .arg("--strip-all")
+            .arg("-o")
+            .arg(&stripped)
+            .arg(node)
+            .status();
+        if !matches!(status, Ok(s) if s.success()) {
+            missing_prerequisite(&format!("binutils' strip ({status:?})"));
+            return;
+        }
+        let err = probe(&stripped).err().expect("refused");
+        assert!(matches!(err, ProbeError::Stripped(..)), "{err}");
+        assert!(err.to_string().contains("stripped"), "{err}");
+        assert!(matches!(
+            probe(Path::new("/bin/sh")),
+            Err(ProbeError::Small)
+        ));
     }
 }
