@@ -42,12 +42,16 @@ const SPLIT: [(&str, f64); 3] = [("alpha", 50.0), ("beta", 30.0), ("gamma", 20.0
 /// of its body.
 const CHECKED: [&str; 4] = ["alpha", "beta", "gamma", "leaf"];
 
+/// The fixture's source.
+fn fixture_source() -> String {
+    std::fs::read_to_string(support::package_dir().join("integration/fixtures/v8_split.js"))
+        .expect("the fixture")
+}
+
 /// The lines (1-based) of `function`'s body in the fixture: from its
 /// `function` line to its closing brace.
 fn body_lines(function: &str) -> std::ops::RangeInclusive<i64> {
-    let source =
-        std::fs::read_to_string(support::package_dir().join("integration/fixtures/v8_split.js"))
-            .expect("the fixture");
+    let source = fixture_source();
     let lines: Vec<&str> = source.lines().collect();
     let first = lines
         .iter()
@@ -179,6 +183,29 @@ fn every_node_splits_as_built_and_as_cpu_prof_with_names_lines_and_inlining() {
                 pct(outside, all) <= 1.0,
                 "Node {major}: {outside} of {all} {function} samples outside lines {lines:?}: {:?}",
                 frames.iter().map(|(f, _)| f.line).collect::<BTreeSet<_>>()
+            );
+            // Columns: 1-based, within the line's text.
+            let source = fixture_source();
+            let text: Vec<&str> = source.lines().collect();
+            let off_column: u64 = frames
+                .iter()
+                .filter(|(f, _)| {
+                    let width = usize::try_from(f.line - 1)
+                        .ok()
+                        .and_then(|l| text.get(l))
+                        .map_or(0, |t| t.len() as i64);
+                    !(1..=width).contains(&f.column)
+                })
+                .map(|(_, n)| n)
+                .sum();
+            assert!(
+                pct(off_column, all) <= 1.0,
+                "Node {major}: {off_column} of {all} {function} samples without a column in \
+                 their line: {:?}",
+                frames
+                    .iter()
+                    .map(|(f, _)| (f.line, f.column))
+                    .collect::<BTreeSet<_>>()
             );
         }
         // TurboFan inlined the leaf into each caller: reported under each,

@@ -36,6 +36,7 @@ fn line(name: String, file: &str, line: u32) -> Line {
         function_name: name,
         filename: Some(file.into()),
         line,
+        column: 0,
     }
 }
 

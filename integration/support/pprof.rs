@@ -244,6 +244,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
                 mapping: mapping.clone(),
                 filename: None,
                 line: int(&line, "line"),
+                column: int(&line, "column"),
             });
         }
         if frames.is_empty() {
@@ -254,6 +255,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
                 mapping,
                 filename: None,
                 line: 0,
+                column: 0,
             });
         }
         locations.insert(id, frames);

@@ -24,6 +24,8 @@ pub struct Frame {
     pub filename: Option<String>,
     /// Source line; 0 when unknown.
     pub line: i64,
+    /// Column in that line (1-based); 0 when unknown.
+    pub column: i64,
 }
 
 impl Frame {

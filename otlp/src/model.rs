@@ -95,6 +95,9 @@ pub struct Line {
     pub filename: Option<Arc<str>>,
     /// 1-based source line; 0 when unknown.
     pub line: u32,
+    /// 1-based column in that line; 0 when unknown (most runtimes report
+    /// lines only).
+    pub column: u32,
 }
 
 /// One stack frame.

@@ -24,6 +24,7 @@ pub(crate) fn line(name: &str, file: Option<&str>, line: u32) -> Line {
         system_name: format!("_Z{name}").into(),
         filename: file.map(Into::into),
         line,
+        column: 0,
     }
 }
 

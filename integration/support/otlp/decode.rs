@@ -67,6 +67,7 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
             mapping: None,
             filename: None,
             line: 0,
+            column: 0,
         }];
     };
     let mapping = usize::try_from(loc.mapping_index)
@@ -100,6 +101,7 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
                 mapping: mapping.clone(),
                 filename,
                 line: line.line,
+                column: line.column,
             }
         })
         .collect();
@@ -111,6 +113,7 @@ fn location_frames(dict: &ProfilesDictionary, index: i32) -> Vec<Frame> {
             mapping,
             filename: None,
             line: 0,
+            column: 0,
         });
     }
     frames

@@ -201,7 +201,7 @@ impl<'a> DictBuilder<'a> {
             .map(|line| Line {
                 function_index: self.function(line),
                 line: i64::from(line.line),
-                column: 0,
+                column: i64::from(line.column),
             })
             .collect();
         let frame_type = self.attribute(ATTR_FRAME_TYPE, AttrValue::Str(frame.kind.as_otel_str()));

@@ -93,7 +93,7 @@ type SampleKey = (usize, u32, u32, i64, Option<u32>, model::Labels);
 /// Identity of a mapping: start, limit, offset, filename and build ID.
 type MappingKey = (u64, u64, u64, i64, i64);
 /// Identity of a location: mapping ID, address and (function ID, line) per line.
-type LocationKey = (u64, u64, Vec<(u64, i64)>);
+type LocationKey = (u64, u64, Vec<(u64, i64, i64)>);
 
 /// Profile builder; keys borrow from the batch (`'a`). Pointer caches skip
 /// re-deriving frames and mappings the source shares as `Arc`s.
@@ -309,10 +309,10 @@ impl<'a> Builder<'a> {
         }
         let mapping_id = frame.mapping.as_ref().map_or(0, |m| self.mapping(m));
         // Model lines are innermost first, as pprof wants.
-        let lines: Vec<(u64, i64)> = frame
+        let lines: Vec<(u64, i64, i64)> = frame
             .lines
             .iter()
-            .map(|l| (self.function(l), i64::from(l.line)))
+            .map(|l| (self.function(l), i64::from(l.line), i64::from(l.column)))
             .collect();
         let key = (mapping_id, frame.address, lines);
         let id = match self.locations.get(&key) {
@@ -327,10 +327,10 @@ impl<'a> Builder<'a> {
                     line: key
                         .2
                         .iter()
-                        .map(|&(function_id, line)| Line {
+                        .map(|&(function_id, line, column)| Line {
                             function_id,
                             line,
-                            column: 0,
+                            column,
                         })
                         .collect(),
                     is_folded: false,

@@ -284,6 +284,7 @@ impl<'a> FrameCache<'a> {
                     system_name: Arc::from(string(dict, function.system_name_strindex)),
                     filename: (!filename.is_empty()).then(|| Arc::from(filename)),
                     line: u32::try_from(line.line).unwrap_or(0),
+                    column: u32::try_from(line.column).unwrap_or(0),
                 }
             })
             .collect();

@@ -229,6 +229,7 @@ mod tests {
                 system_name: Arc::from(""),
                 filename: None,
                 line: 0,
+                column: 0,
             }],
         })
     }

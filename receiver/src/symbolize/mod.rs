@@ -518,6 +518,7 @@ fn make_line(name: &str) -> Line {
         system_name,
         filename: None,
         line: 0,
+        column: 0,
     }
 }
 

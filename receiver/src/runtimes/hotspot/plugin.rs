@@ -468,6 +468,7 @@ fn java_line(method: &JavaMethod, bci: i32) -> Line {
         system_name: Arc::from(format!("{}{}", method.qualified_name(), method.signature)),
         filename: method.source_file.as_deref().map(Arc::from),
         line: method.line(bci),
+        column: 0,
     }
 }
 
@@ -493,6 +494,7 @@ fn stub_frame(name: &str) -> Arc<Frame> {
             system_name: name,
             filename: None,
             line: 0,
+            column: 0,
         }],
     })
 }

@@ -230,6 +230,7 @@ impl RuntimePlugin for PerfMapPlugin {
                 system_name: symbol.name.clone(),
                 filename,
                 line,
+                column: 0,
             }],
         });
         self.frames.put(key, frame.clone());

@@ -171,6 +171,7 @@ impl PythonPlugin {
                         system_name: info.name.clone(),
                         filename: Some(info.filename.clone()),
                         line,
+                        column: 0,
                     }],
                 })
             })

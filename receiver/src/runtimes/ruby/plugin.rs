@@ -378,6 +378,7 @@ fn ruby_frame(name: String, system_name: String, path: Option<&str>, line: u32) 
             system_name: Arc::from(system_name),
             filename: path.map(Arc::from),
             line,
+            column: 0,
         }],
     })
 }

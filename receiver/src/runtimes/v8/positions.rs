@@ -31,6 +31,18 @@ impl ScriptLines {
         let line = self.line_ends.partition_point(|&end| end < position);
         u32::try_from(line + 1).ok()
     }
+
+    /// The 1-based line and column of character offset `position` (columns
+    /// count UTF-16 units, as V8's positions do).
+    pub fn line_and_column(&self, position: u64) -> Option<(u32, u32)> {
+        let line = self.line_of(position)?;
+        let start = match line {
+            1 => 0,
+            _ => self.line_ends.get(line as usize - 2)? + 1,
+        };
+        let column = u32::try_from(position.checked_sub(start)? + 1).ok()?;
+        Some((line, column))
+    }
 }
 
 impl V8Objects<'_> {
@@ -297,5 +309,11 @@ mod tests {
         assert_eq!(lines.line_of(2), Some(2));
         assert_eq!(lines.line_of(11), Some(5));
         assert_eq!(lines.line_of(12), None);
+        // "a\n" "bc\r\n" "d\r" "e\u{2028}" "f": columns from 1.
+        assert_eq!(lines.line_and_column(0), Some((1, 1)));
+        assert_eq!(lines.line_and_column(2), Some((2, 1)));
+        assert_eq!(lines.line_and_column(3), Some((2, 2)));
+        assert_eq!(lines.line_and_column(6), Some((3, 1)));
+        assert_eq!(lines.line_and_column(10), Some((5, 1)));
     }
 }

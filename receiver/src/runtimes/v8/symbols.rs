@@ -262,11 +262,11 @@ impl V8Symbols {
     ) -> Option<Line> {
         let function = self.function(pid, shared, objects)?;
         let script = function.script.and_then(|s| self.script(pid, s, objects));
-        let line = script
+        let (line, column) = script
             .as_ref()
             .zip(position)
-            .and_then(|(s, p)| s.line_of(p))
-            .unwrap_or(0);
+            .and_then(|(s, p)| s.line_and_column(p))
+            .unwrap_or((0, 0));
         let filename = script
             .as_ref()
             .filter(|s| !s.name.is_empty())
@@ -276,6 +276,7 @@ impl V8Symbols {
             system_name: function.name.clone(),
             filename,
             line,
+            column,
         })
     }
 
