@@ -10,6 +10,7 @@ use super::*;
 #[test]
 fn frames_sampled_in_prologues_and_epilogues_reach_their_callers() {
     const TEST: &str = "frames_sampled_in_prologues_and_epilogues_reach_their_callers";
+    const MIN_TINY_SAMPLES: u64 = 100;
     let Some(setup) = setup(TEST) else {
         return;
     };
@@ -57,7 +58,14 @@ fn frames_sampled_in_prologues_and_epilogues_reach_their_callers() {
              of them through JvmSplit.calls to {NATIVE_FRAMES_UNDER_JAVA}+ native frames",
             pct(whole, leaves)
         );
-        if leaves < 200 || pct(whole, leaves) < 99.0 {
+        // Six JVMs share two CPUs for four seconds here, so a JVM's share
+        // of them varies between runs (136 to 227 samples in tiny on the
+        // CI machine); 100 samples still make 99% mean at most one miss.
+        if leaves < MIN_TINY_SAMPLES {
+            failures.push(format!(
+                "{label}: only {leaves} samples in tiny (at least {MIN_TINY_SAMPLES} needed)"
+            ));
+        } else if pct(whole, leaves) < 99.0 {
             let example = samples
                 .iter()
                 .find(|s| in_tiny(s) && position(s, "JvmSplit.calls").is_none())
