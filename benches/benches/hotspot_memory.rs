@@ -254,7 +254,11 @@ fn jvm(pid: u32) -> (ProcessMemory, HotSpotLayout) {
                 .filter(|m| is_jvm_name(&m.path))
                 .find_map(|m| {
                     let binary = inspect(Path::new(&*m.path)).ok()?;
-                    let bias = binary.load_bias(m.start, m.file_offset)?;
+                    let bias = icecore_receiver::runtimes::services::RuntimeFile::load_bias(
+                        &binary,
+                        m.start,
+                        m.file_offset,
+                    )?;
                     Some((binary, bias))
                 })?;
             let memory = ProcessMemory::open(pid).ok()?;

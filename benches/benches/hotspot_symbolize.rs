@@ -34,6 +34,7 @@ use icecore_receiver::{
             names::Methods,
         },
         memory::ProcessMemory,
+        services::RuntimeFile,
     },
 };
 

@@ -66,7 +66,7 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 
 /// Every runtime `runtimes` may name (the receiver's registry checks that it
 /// has exactly these).
-pub const RUNTIME_NAMES: [&str; 5] = ["cpython", "cruby", "hotspot", "v8", "perf-map"];
+pub const RUNTIME_NAMES: [&str; 6] = ["cpython", "cruby", "hotspot", "v8", "php", "perf-map"];
 
 /// Where Docker container names are read from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,8 +4,9 @@
 //! fixed part and kernel stack in per-CPU scratch space, then tail-calls the
 //! native unwinder, which walks the user stack a bounded number of frames per
 //! program and tail-calls itself to continue, handing frames to runtime
-//! unwinders (`unwind_python`, `unwind_ruby`, `unwind_hotspot`, `unwind_v8`)
-//! where the program counter enters code they own (see `icecore_unwinders::runtime`); the last program copies the finished
+//! unwinders (`unwind_python`, `unwind_ruby`, `unwind_hotspot`, `unwind_v8`,
+//! `unwind_php`) where the program counter enters code they own (see
+//! `icecore_unwinders::runtime`); the last program copies the finished
 //! record into the ring buffer. Every way a sample can end or degrade bumps a
 //! named counter (see `icecore_unwinders::Counter`).
 #![no_std]
@@ -167,6 +168,11 @@ pub fn unwind_hotspot(ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn unwind_v8(ctx: PerfEventContext) -> u32 {
     runtimes::v8::unwind(&ctx)
+}
+
+#[perf_event]
+pub fn unwind_php(ctx: PerfEventContext) -> u32 {
+    runtimes::php::unwind(&ctx)
 }
 
 #[perf_event]

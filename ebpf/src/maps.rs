@@ -14,6 +14,7 @@ use icecore_unwinders::{
         ProcessMappingTable, UnwindChunk,
         mappings::{PROCESS_PAGES, PROCESS_SLOTS_MAX, PROCESS_TABLES_PER_PAGE},
     },
+    php::{PHP_PROCESSES_MAX, PhpProcess},
     programs::PROGRAM_COUNT,
     python::{PYTHON_PROCESSES_MAX, PythonProcess},
     ruby::{RUBY_PROCESSES_MAX, RubyProcess},
@@ -75,6 +76,12 @@ pub static HOTSPOT_PROCESSES: HashMap<u32, HotSpotProcess> =
 /// plugin.
 #[map]
 pub static V8_PROCESSES: HashMap<u32, V8Process> = HashMap::with_max_entries(V8_PROCESSES_MAX, 0);
+
+/// pid → what the PHP unwinder needs of that process, written by the PHP
+/// plugin.
+#[map]
+pub static PHP_PROCESSES: HashMap<u32, PhpProcess> =
+    HashMap::with_max_entries(PHP_PROCESSES_MAX, 0);
 
 /// One `unknown_process` policy value, set by user space once it describes
 /// processes to BPF.

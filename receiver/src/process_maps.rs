@@ -362,7 +362,18 @@ fn next_field(text: &str) -> Option<(&str, &str)> {
 /// anonymous memory, a named anonymous region, or a `memfd` (runtimes that
 /// map their JIT code twice, writable and executable, use one).
 fn is_anonymous_code(path: &str) -> bool {
-    path.is_empty() || path.starts_with("[anon:") || path.starts_with("/memfd:")
+    path.is_empty()
+        || path.starts_with("[anon:")
+        || path.starts_with("/memfd:")
+        || is_shared_anonymous(path)
+}
+
+/// Shared anonymous memory, which the kernel names after the file it
+/// pretends to map: `mmap(MAP_SHARED | MAP_ANONYMOUS)` shows as a deleted
+/// `/dev/zero`, System V shared memory as `/SYSV<key>`. PHP's opcache keeps
+/// its JIT code in one or the other.
+fn is_shared_anonymous(path: &str) -> bool {
+    path == "/dev/zero (deleted)" || path.starts_with("/SYSV")
 }
 
 /// The path to keep for a mapping with its deleted flag, or `None` to drop it.
@@ -371,7 +382,7 @@ fn keep_path(path: &str) -> Option<(&str, bool)> {
         return Some((path, false));
     }
     // Anonymous memory, [heap], [stack], [vvar], [anon:...], anon_inode:...
-    if !path.starts_with('/') {
+    if !path.starts_with('/') || is_shared_anonymous(path) {
         return None;
     }
     match path.strip_suffix(DELETED_SUFFIX) {
@@ -607,13 +618,23 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
 7f2000000000-7f2000100000 r-xp 00000000 00:00 0 [anon:v8 code]
 7f3000000000-7f3000100000 r-xs 00000000 00:01 7 /memfd:doublemapper (deleted)
 7f4000000000-7f4000100000 rw-p 00000000 00:00 0
+7f5000000000-7f5000100000 rw-s 00000000 00:01 1222 /dev/zero (deleted)
+7f5000100000-7f5000200000 r-xs 08000000 00:01 1222 /dev/zero (deleted)
+7f6000000000-7f6000100000 rwxs 00000000 00:01 65538 /SYSV00000000 (deleted)
 ";
         let maps = ProcessMappings::parse(text).unwrap();
         assert_eq!(maps.mappings().len(), 1, "JIT code is not a file");
         let starts: Vec<u64> = maps.anonymous_code().iter().map(|c| c.start).collect();
+        // Shared anonymous memory (PHP's opcache JIT) too.
         assert_eq!(
             starts,
-            [0x7f10_0000_0000, 0x7f20_0000_0000, 0x7f30_0000_0000]
+            [
+                0x7f10_0000_0000,
+                0x7f20_0000_0000,
+                0x7f30_0000_0000,
+                0x7f50_0010_0000,
+                0x7f60_0000_0000
+            ]
         );
         assert_eq!(
             maps.find_anonymous_code(0x7f10_0000_0010).map(|c| c.end),

@@ -106,10 +106,23 @@ pub enum Counter {
     /// The native unwinder handed code to the V8 unwinder for a process
     /// it has no data for (the map entry was removed or not yet written).
     V8ProcessMissing = 39,
+    /// PHP frames walked (user and internal functions).
+    PhpFrames = 40,
+    /// A PHP process's sampled thread had no frame to walk: it runs no PHP
+    /// code now (startup, shutdown, a thread of an extension), or its
+    /// globals could not be read.
+    PhpNoExecuteData = 41,
+    /// Reading a PHP frame failed mid-walk; the walk ends there.
+    PhpReadFailed = 42,
+    /// The PHP stack hit the frame, record or tail-call limit and was cut.
+    PhpStackTruncated = 43,
+    /// The native unwinder ran the PHP unwinder for a process that has no
+    /// `PHP_PROCESSES` entry.
+    PhpProcessMissing = 44,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 40;
+pub const COUNTER_COUNT: u32 = 45;
 
 impl Counter {
     /// Every counter, in index order.
@@ -154,6 +167,11 @@ impl Counter {
         Counter::V8ReadFailed,
         Counter::V8StackTruncated,
         Counter::V8ProcessMissing,
+        Counter::PhpFrames,
+        Counter::PhpNoExecuteData,
+        Counter::PhpReadFailed,
+        Counter::PhpStackTruncated,
+        Counter::PhpProcessMissing,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -199,6 +217,11 @@ impl Counter {
             Counter::V8ReadFailed => "v8_read_failed",
             Counter::V8StackTruncated => "v8_stack_truncated",
             Counter::V8ProcessMissing => "v8_process_missing",
+            Counter::PhpFrames => "php_frames",
+            Counter::PhpNoExecuteData => "php_no_execute_data",
+            Counter::PhpReadFailed => "php_read_failed",
+            Counter::PhpStackTruncated => "php_stack_truncated",
+            Counter::PhpProcessMissing => "php_process_missing",
         }
     }
 }

@@ -27,6 +27,24 @@ pub trait MemoryReader {
     }
 }
 
+/// glibc's `tcbhead_t.dtv`, from the FS base.
+const TCB_DTV: u64 = 8;
+/// Bytes per DTV entry (a pointer and a flag).
+const DTV_ENTRY: u64 = 16;
+
+/// The start of TLS module `module`'s block for the thread whose FS base
+/// (`pthread_self()`) is `fs_base`, through the thread's DTV, as
+/// `__tls_get_addr` finds it (the executable's and initially loaded
+/// libraries' blocks are in the DTV too); `None` when the thread has not
+/// allocated it yet or it cannot be read.
+#[inline(always)]
+pub fn tls_block<M: MemoryReader>(fs_base: u64, module: u32, memory: &mut M) -> Option<u64> {
+    let dtv = memory.read_u64(fs_base.wrapping_add(TCB_DTV))?;
+    let block = memory.read_u64(dtv.wrapping_add(DTV_ENTRY.wrapping_mul(u64::from(module))))?;
+    // Not allocated yet (glibc's TLS_DTV_UNALLOCATED is -1).
+    (block != 0 && block != u64::MAX).then_some(block)
+}
+
 /// Bytes one window read copies at most: about ten typical frames, while
 /// copying costs little next to a helper call.
 pub const STACK_WINDOW_BYTES: usize = 1024;

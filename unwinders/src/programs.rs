@@ -28,6 +28,8 @@ pub enum ProgramIndex {
     HotSpot = 5,
     /// Walks V8's JavaScript frames (see [`crate::v8`]).
     V8 = 6,
+    /// Walks PHP's frames (see [`crate::php`]).
+    Php = 7,
 }
 
 impl ProgramIndex {
@@ -41,7 +43,7 @@ impl ProgramIndex {
 }
 
 /// Number of slots in the program array.
-pub const PROGRAM_COUNT: u32 = 7;
+pub const PROGRAM_COUNT: u32 = 8;
 
 /// Tail calls one sample may use. The kernel allows 33 per chain (32 before
 /// 5.17); keeping a margin leaves room for the final jump to `Emit`.

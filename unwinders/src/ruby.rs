@@ -14,6 +14,7 @@
 
 use crate::{
     Counter, MemoryReader, ProgramIndex,
+    memory::tls_block,
     runtime::{BpfRuntime, TagRange},
 };
 
@@ -154,10 +155,6 @@ mod fixed {
     pub const CFP_EP: u64 = 32;
     /// `ep[-2]`: the method entry or cref (`VM_ENV_DATA_INDEX_ME_CREF`).
     pub const EP_ME_CREF: u64 = 16;
-    /// glibc's `tcbhead_t.dtv`, from the FS base.
-    pub const TCB_DTV: u64 = 8;
-    /// Bytes per DTV entry.
-    pub const DTV_ENTRY: u64 = 16;
     /// Largest VM stack accepted, in words (the default is 131072).
     pub const MAX_VM_STACK_WORDS: u64 = 1 << 24;
 }
@@ -199,14 +196,7 @@ impl RubyProcess {
     #[inline(always)]
     pub fn execution_context<M: MemoryReader>(&self, fs_base: u64, memory: &mut M) -> Option<u64> {
         let ec = if self.ec_kind == ec_kind::TLS_DTV {
-            let dtv = memory.read_u64(fs_base.wrapping_add(fixed::TCB_DTV))?;
-            let block = memory.read_u64(
-                dtv.wrapping_add(fixed::DTV_ENTRY.wrapping_mul(u64::from(self.tls_module))),
-            )?;
-            // A block not allocated yet (the thread never touched libruby's TLS).
-            if block == 0 || block == u64::MAX {
-                return None;
-            }
+            let block = tls_block(fs_base, self.tls_module, memory)?;
             memory.read_u64(block.wrapping_add(u64::from(self.tls_offset)))?
         } else {
             if self.main_ractor_pointer == 0 {

@@ -1,4 +1,4 @@
-//! How runtime unwinders (CPython, CRuby, HotSpot and V8 now; PHP, Perl
+//! How runtime unwinders (CPython, CRuby, HotSpot, V8 and PHP now; Perl
 //! and .NET next) plug into the native unwinder, on the BPF side.
 //!
 //! # Dispatch by program counter
@@ -146,11 +146,12 @@ pub struct BpfRuntime {
 }
 
 /// Every runtime with a BPF program, in program-slot order.
-pub const BPF_RUNTIMES: [BpfRuntime; 4] = [
+pub const BPF_RUNTIMES: [BpfRuntime; 5] = [
     crate::python::CPYTHON,
     crate::ruby::CRUBY,
     crate::hotspot::HOTSPOT,
     crate::v8::V8,
+    crate::php::PHP,
 ];
 
 /// Per-runtime state areas in the unwind state, kept between the tail calls
@@ -166,9 +167,11 @@ pub struct RuntimeStates {
     pub hotspot: crate::hotspot::HotSpotWalkState,
     /// V8's walk.
     pub v8: crate::v8::V8WalkState,
+    /// PHP's walk.
+    pub php: crate::php::PhpWalkState,
 }
 
-const _: () = assert!(core::mem::size_of::<RuntimeStates>() == 56);
+const _: () = assert!(core::mem::size_of::<RuntimeStates>() == 72);
 
 impl RuntimeStates {
     /// Readies every runtime's state for a new sample. Field by field: a
@@ -180,6 +183,7 @@ impl RuntimeStates {
         self.ruby.reset();
         self.hotspot.reset();
         self.v8.reset();
+        self.php.reset();
     }
 }
 

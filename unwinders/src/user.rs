@@ -18,3 +18,4 @@ unsafe impl aya::Pod for crate::python::PythonProcess {}
 unsafe impl aya::Pod for crate::ruby::RubyProcess {}
 unsafe impl aya::Pod for crate::hotspot::HotSpotProcess {}
 unsafe impl aya::Pod for crate::v8::V8Process {}
+unsafe impl aya::Pod for crate::php::PhpProcess {}

@@ -4,6 +4,7 @@
 //! `main.rs` with one `#[perf_event]` function.
 
 pub mod hotspot;
+pub mod php;
 pub mod python;
 pub mod ruby;
 pub mod v8;

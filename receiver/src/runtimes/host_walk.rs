@@ -105,3 +105,97 @@ pub fn spawn_and_read_line(command: &mut Command) -> (LiveProcess, String) {
         .unwrap_or_else(|_| panic!("{command:?} printed nothing in {FIRST_LINE_TIMEOUT:?}"));
     (process, line.trim().to_owned())
 }
+
+/// A thread stopped with ptrace (a tracee of the calling thread until
+/// dropped, which lets it run on).
+pub struct Stopped {
+    tid: i32,
+    /// Its registers where it stopped (`fs_base` is the FS base BPF reads
+    /// from the task).
+    pub registers: libc::user_regs_struct,
+}
+
+impl Stopped {
+    /// Stops thread `tid` at the first of up to 200 tries (3 ms apart) at
+    /// which its registers satisfy `wanted`.
+    pub fn when(tid: u32, wanted: impl Fn(&libc::user_regs_struct) -> bool) -> Stopped {
+        let tid = tid as libc::pid_t;
+        let mut seen = Vec::new();
+        // SAFETY: plain ptrace calls on a child of this test; `registers`
+        // is a valid user_regs_struct for PTRACE_GETREGS to fill.
+        unsafe {
+            assert_eq!(libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0), 0, "seize");
+            for _ in 0..200 {
+                assert_eq!(
+                    libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0),
+                    0,
+                    "interrupt"
+                );
+                let mut status = 0;
+                assert_eq!(libc::waitpid(tid, &mut status, libc::__WALL), tid, "wait");
+                let mut registers: libc::user_regs_struct = std::mem::zeroed();
+                assert_eq!(
+                    libc::ptrace(libc::PTRACE_GETREGS, tid, 0, &mut registers as *mut _),
+                    0,
+                    "registers"
+                );
+                if wanted(&registers) {
+                    return Stopped { tid, registers };
+                }
+                if seen.len() < 8 {
+                    seen.push(registers.rip);
+                }
+                libc::ptrace(libc::PTRACE_CONT, tid, 0, 0);
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        }
+        panic!("thread {tid} never stopped where the test wanted it (PCs {seen:#x?})")
+    }
+
+    /// Stops thread `tid` wherever it is.
+    pub fn now(tid: u32) -> Stopped {
+        Stopped::when(tid, |_| true)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: detaching the tracee seized above.
+        unsafe {
+            libc::ptrace(libc::PTRACE_DETACH, self.tid, 0, 0);
+        }
+    }
+}
+
+/// The unwind tables of every executable file `pid` maps, placed where it
+/// maps them: the native half of a host walk, as BPF's tables would be.
+pub fn address_space(pid: u32) -> icecore_unwinders::table::AddressSpace {
+    use icecore_unwinders::table::{AddressSpace, Mapping, UnwindTable, elf_load_bias};
+    let mappings = crate::process_maps::ProcessMappings::read(pid)
+        .unwrap_or_else(|e| panic!("maps of {pid}: {e}"));
+    // Per file: its bytes and table, or None when it cannot be read.
+    type Table = Option<(Vec<u8>, std::sync::Arc<UnwindTable>)>;
+    let mut tables: std::collections::HashMap<String, Table> = std::collections::HashMap::new();
+    let mut space = AddressSpace::new();
+    for mapping in mappings.executable() {
+        let entry = tables.entry(mapping.path.to_string()).or_insert_with(|| {
+            let data = super::services::mapped_file_paths(pid, mapping)
+                .iter()
+                .find_map(|path| std::fs::read(path).ok())?;
+            let table = UnwindTable::from_elf(&data).ok()?;
+            Some((data, std::sync::Arc::new(table)))
+        });
+        let Some((data, table)) = entry else {
+            continue;
+        };
+        if let Some(bias) = elf_load_bias(data, mapping.start, mapping.file_offset) {
+            space.insert(Mapping {
+                start: mapping.start,
+                end: mapping.end,
+                bias,
+                table: table.clone(),
+            });
+        }
+    }
+    space
+}

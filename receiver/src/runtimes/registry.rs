@@ -3,11 +3,13 @@
 //! OTel frame type of its frames, its BPF half and how its plugin is built.
 
 use icecore_otlp::model::FrameKind;
-use icecore_unwinders::{BpfRuntime, hotspot::HOTSPOT, python::CPYTHON, ruby::CRUBY, v8::V8};
+use icecore_unwinders::{
+    BpfRuntime, hotspot::HOTSPOT, php::PHP, python::CPYTHON, ruby::CRUBY, v8::V8,
+};
 
 use super::{
-    RuntimePlugin, hotspot::plugin::HotSpotPlugin, perf_map::PerfMapPlugin, python::PythonPlugin,
-    ruby::RubyPlugin, v8::plugin::V8Plugin,
+    RuntimePlugin, hotspot::plugin::HotSpotPlugin, perf_map::PerfMapPlugin, php::PhpPlugin,
+    python::PythonPlugin, ruby::RubyPlugin, v8::plugin::V8Plugin,
 };
 use crate::sampler::{CpuSampler, SamplerError};
 
@@ -83,6 +85,19 @@ pub static V8_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     },
 };
 
+/// PHP 8.0–8.5 (NTS builds).
+pub static PHP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
+    name: PHP.name,
+    summary: "PHP 8.0-8.5 (php, php-fpm, libphp; opcache JIT on or off): functions with their \
+              classes, files and lines, internal functions named",
+    frame_kind: FrameKind::Php,
+    bpf: Some(&PHP),
+    build: |sampler| {
+        let map = sampler.runtime_process_map(&PHP, "PHP_PROCESSES")?;
+        Ok(Box::new(PhpPlugin::new(Box::new(map))))
+    },
+};
+
 /// JIT code named from `/tmp/perf-PID.map` and `jit-PID.dump`.
 pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     name: "perf-map",
@@ -94,11 +109,12 @@ pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
 };
 
 /// Every runtime, in the order plugins are offered a process.
-pub static RUNTIMES: [&RuntimeDescriptor; 5] = [
+pub static RUNTIMES: [&RuntimeDescriptor; 6] = [
     &CPYTHON_RUNTIME,
     &CRUBY_RUNTIME,
     &HOTSPOT_RUNTIME,
     &V8_RUNTIME,
+    &PHP_RUNTIME,
     &PERF_MAP_RUNTIME,
 ];
 

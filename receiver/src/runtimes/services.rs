@@ -7,9 +7,13 @@
 use std::{num::NonZeroUsize, path::PathBuf, sync::Arc};
 
 use lru::LruCache;
-use tracing::debug;
+use tracing::{debug, warn};
 
-use crate::{native_unwind::FileKey, process_maps::MappedFile};
+use super::RuntimeStats;
+use crate::{
+    native_unwind::FileKey,
+    process_maps::{MappedFile, ProcessMappings},
+};
 
 /// The functions a file's `.eh_frame` describes (one address range per
 /// FDE), in the section's order; empty when it has none or it is malformed
@@ -41,6 +45,50 @@ pub fn eh_frame_functions<'data, R: object::ReadRef<'data>>(
         functions.push(fde.initial_address()..fde.end_address());
     }
     functions
+}
+
+/// The widest row of the unwind information (`.eh_frame`) of the function
+/// at `address`: the address range of the function's body, where its frame
+/// is whole (after the prologue, before the epilogues). `None` when no FDE
+/// covers `address` or it cannot be parsed. An interpreter whose generated
+/// code runs on the interpreter loop's own frame (PHP's JIT) is unwound as
+/// a PC in this range.
+pub fn widest_unwind_row<'data, R: object::ReadRef<'data>>(
+    elf: &object::File<'data, R>,
+    address: u64,
+) -> Option<std::ops::Range<u64>> {
+    use gimli::UnwindSection;
+    use object::{Object, ObjectSection};
+    let section = elf.section_by_name(".eh_frame")?;
+    let data = section.data().ok()?;
+    let eh_frame = gimli::EhFrame::new(data, gimli::LittleEndian);
+    let bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+    let mut entries = eh_frame.entries(&bases);
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let fde = partial
+            .parse(|_, bases, offset| eh_frame.cie_from_offset(bases, offset))
+            .ok()?;
+        if !(fde.initial_address() <= address && address < fde.end_address()) {
+            continue;
+        }
+        let mut context = Box::new(gimli::UnwindContext::new());
+        let mut rows = fde.rows(&eh_frame, &bases, &mut context).ok()?;
+        let mut widest: Option<std::ops::Range<u64>> = None;
+        while let Ok(Some(row)) = rows.next_row() {
+            let range = row.start_address()..row.end_address();
+            if widest
+                .as_ref()
+                .is_none_or(|w| range.end - range.start > w.end - w.start)
+            {
+                widest = Some(range);
+            }
+        }
+        return widest;
+    }
+    None
 }
 
 /// Where a process's mapped file can be opened, best first: the exact file
@@ -134,6 +182,22 @@ impl LoadSegments {
     }
 }
 
+/// What a runtime's probe found in a file: where the file is placed in a
+/// process that maps it.
+pub trait RuntimeFile {
+    /// Process address minus ELF virtual address, from one mapping of the
+    /// file (its start and file offset).
+    fn load_bias(&self, mapping_start: u64, file_offset: u64) -> Option<u64>;
+}
+
+/// Why a runtime's probe of a file failed.
+pub trait ProbeFailure: std::fmt::Display {
+    /// Whether the file is the runtime's but cannot be profiled (an
+    /// unsupported version, missing symbols): the user is told, once per
+    /// file. Files that are not the runtime's are no refusal.
+    fn is_refusal(&self) -> bool;
+}
+
 /// `path` as the process `pid` sees it, from icecore's mount namespace.
 pub fn path_in_process(pid: u32, path: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root{path}"))
@@ -176,6 +240,47 @@ impl<T> FileProbes<T> {
         let probed = probed.map(Arc::new);
         self.probes.put(key, probed.clone());
         probed
+    }
+
+    /// The runtime's file among `pid`'s executable mappings: the first
+    /// whose path is `named` like one and whose `probe` succeeds, with its
+    /// load bias. A file that is the runtime's but cannot be profiled (a
+    /// [`ProbeFailure::is_refusal`]) is logged as "`runtime` not profiled"
+    /// and counted in `stats.attach_failures`, once per file.
+    pub fn find_in<E: ProbeFailure>(
+        &mut self,
+        pid: u32,
+        mappings: &ProcessMappings,
+        (runtime, stats): (&str, &mut RuntimeStats),
+        named: impl Fn(&str) -> bool,
+        probe: impl Fn(&std::path::Path) -> Result<T, E>,
+    ) -> Option<(Arc<T>, u64)>
+    where
+        T: RuntimeFile,
+    {
+        for mapping in mappings.executable() {
+            if !named(&mapping.path) {
+                continue;
+            }
+            // The probe runs on each path of the file until one works: the
+            // refusal is said once.
+            let mut refused = false;
+            let found = self.get_or_probe(pid, mapping, |path| {
+                probe(path).inspect_err(|e| {
+                    if e.is_refusal() && !refused {
+                        refused = true;
+                        stats.attach_failures += 1;
+                        warn!(pid, file = %mapping.path, "{runtime} not profiled: {e}");
+                    }
+                })
+            });
+            if let Some(file) = found
+                && let Some(bias) = file.load_bias(mapping.start, mapping.file_offset)
+            {
+                return Some((file, bias));
+            }
+        }
+        None
     }
 
     /// Files remembered.

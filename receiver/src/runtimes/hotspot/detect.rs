@@ -8,7 +8,7 @@ use object::{Object, ObjectSymbol};
 use super::vmstructs::{TableSymbols, VmStructs, VmStructsError};
 use crate::runtimes::{
     memory::ProcessMemory,
-    services::{ElfFileError, LoadSegments, open_elf, parse_elf},
+    services::{ElfFileError, LoadSegments, ProbeFailure, RuntimeFile, open_elf, parse_elf},
 };
 
 /// Why a file is not a usable HotSpot.
@@ -59,12 +59,20 @@ pub fn inspect(path: &Path) -> Result<JvmBinary, DetectError> {
     })
 }
 
-impl JvmBinary {
-    /// Process address minus ELF virtual address, from one mapping of the file.
-    pub fn load_bias(&self, mapping_start: u64, file_offset: u64) -> Option<u64> {
+impl RuntimeFile for JvmBinary {
+    fn load_bias(&self, mapping_start: u64, file_offset: u64) -> Option<u64> {
         self.segments.load_bias(mapping_start, file_offset)
     }
+}
 
+impl ProbeFailure for DetectError {
+    /// Only `libjvm.so` files are probed: every failure is a JVM not profiled.
+    fn is_refusal(&self) -> bool {
+        true
+    }
+}
+
+impl JvmBinary {
     /// The table symbols' addresses in a process that loaded the file at `bias`.
     pub fn table_symbols(&self, bias: u64) -> TableSymbols {
         TableSymbols {

@@ -130,31 +130,6 @@ impl HotSpotPlugin {
         }
     }
 
-    fn find_binary(
-        &mut self,
-        pid: u32,
-        mappings: &ProcessMappings,
-    ) -> Option<(Arc<JvmBinary>, u64)> {
-        for mapping in mappings.executable() {
-            if !is_jvm_name(&mapping.path) {
-                continue;
-            }
-            let stats = &mut self.stats;
-            let binary = self.binaries.get_or_probe(pid, mapping, |path| {
-                inspect(path).inspect_err(|e| {
-                    stats.attach_failures += 1;
-                    warn!(pid, file = %mapping.path, "HotSpot not profiled: {e}");
-                })
-            });
-            if let Some(binary) = binary
-                && let Some(bias) = binary.load_bias(mapping.start, mapping.file_offset)
-            {
-                return Some((binary, bias));
-            }
-        }
-        None
-    }
-
     /// Reads the JVM's tables and code heaps and tells BPF; leaves the JVM
     /// pending while its code cache does not exist yet.
     fn describe(&mut self, pid: u32) {
@@ -539,7 +514,13 @@ impl RuntimePlugin for HotSpotPlugin {
             }
             return self.processes.get(&pid).map(JvmInstance::attachment);
         }
-        let (binary, bias) = self.find_binary(pid, mappings)?;
+        let (binary, bias) = self.binaries.find_in(
+            pid,
+            mappings,
+            ("HotSpot", &mut self.stats),
+            is_jvm_name,
+            inspect,
+        )?;
         let now = Instant::now();
         self.processes.insert(
             pid,

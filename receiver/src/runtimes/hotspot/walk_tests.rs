@@ -18,7 +18,7 @@ use crate::{
     runtimes::{
         host_walk::{Interpreter, spawn_and_read_line},
         memory::ProcessMemory,
-        services::mapped_file_paths,
+        services::{RuntimeFile, mapped_file_paths},
     },
 };
 

@@ -19,7 +19,7 @@ use super::{
     layouts::{RubyLayout, SUPPORTED, layout},
 };
 use crate::runtimes::services::{
-    ElfFileError, LoadSegments, eh_frame_functions, open_elf, parse_elf,
+    ElfFileError, LoadSegments, ProbeFailure, RuntimeFile, eh_frame_functions, open_elf, parse_elf,
 };
 use icecore_unwinders::ruby::{RubyProcess, ec_kind};
 
@@ -188,12 +188,20 @@ fn bytes_at<'a, R: object::ReadRef<'a>>(
         .map(<[u8]>::to_vec)
 }
 
-impl RubyBinary {
-    /// Process address minus ELF virtual address, from one mapping of the file.
-    pub fn load_bias(&self, mapping_start: u64, file_offset: u64) -> Option<u64> {
+impl RuntimeFile for RubyBinary {
+    fn load_bias(&self, mapping_start: u64, file_offset: u64) -> Option<u64> {
         self.segments.load_bias(mapping_start, file_offset)
     }
+}
 
+impl ProbeFailure for DetectError {
+    fn is_refusal(&self) -> bool {
+        // A `ruby` launcher that links libruby is no refusal.
+        !matches!(self, DetectError::NotRuby(_) | DetectError::File(_))
+    }
+}
+
+impl RubyBinary {
     /// What BPF needs for the process that loaded this file at `bias`,
     /// reading the TLS pair the loader filled in; `None` when the process
     /// cannot be read or offers neither way to its execution context.

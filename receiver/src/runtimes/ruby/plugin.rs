@@ -15,10 +15,10 @@ use icecore_unwinders::{
     runtime::PAYLOAD_MASK,
 };
 use lru::LruCache;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::{
-    detect::{DetectError, RubyBinary, inspect, is_ruby_name},
+    detect::{RubyBinary, inspect, is_ruby_name},
     methods::MethodEntry,
     objects::{IseqInfo, Objects},
 };
@@ -184,37 +184,6 @@ impl RubyPlugin {
             frames: lru(FRAME_CACHE),
             stats: RuntimeStats::default(),
         }
-    }
-
-    /// The CRuby file among `pid`'s mappings, with its load bias.
-    fn find_binary(
-        &mut self,
-        pid: u32,
-        mappings: &ProcessMappings,
-    ) -> Option<(Arc<RubyBinary>, u64)> {
-        for mapping in mappings.executable() {
-            if !is_ruby_name(&mapping.path) {
-                continue;
-            }
-            let stats = &mut self.stats;
-            let mut refused = false;
-            let binary = self.binaries.get_or_probe(pid, mapping, |path| {
-                inspect(path).inspect_err(|e| {
-                    // A `ruby` launcher that links libruby is no refusal.
-                    if !matches!(e, DetectError::NotRuby(_) | DetectError::File(_)) && !refused {
-                        refused = true;
-                        stats.attach_failures += 1;
-                        warn!(pid, file = %mapping.path, "CRuby not profiled: {e}");
-                    }
-                })
-            });
-            if let Some(binary) = binary
-                && let Some(bias) = binary.load_bias(mapping.start, mapping.file_offset)
-            {
-                return Some((binary, bias));
-            }
-        }
-        None
     }
 
     /// Tells BPF where `pid`'s execution contexts are, once the dynamic
@@ -402,7 +371,13 @@ impl RuntimePlugin for RubyPlugin {
             }
             return Some(claimed);
         }
-        let (binary, bias) = self.find_binary(pid, mappings)?;
+        let (binary, bias) = self.binaries.find_in(
+            pid,
+            mappings,
+            ("CRuby", &mut self.stats),
+            is_ruby_name,
+            inspect,
+        )?;
         let instance = RubyInstance {
             binary,
             bias,

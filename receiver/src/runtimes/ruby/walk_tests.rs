@@ -21,9 +21,9 @@ use crate::{
     process_maps::ProcessMappings,
     runtimes::{
         RuntimePlugin,
-        host_walk::{HostMemory, Interpreter as Ruby, spawn_and_read_line},
+        host_walk::{HostMemory, Interpreter as Ruby, Stopped, spawn_and_read_line},
         memory::ProcessMemory,
-        services::{MemoryProcessMap, mapped_file_paths},
+        services::{MemoryProcessMap, RuntimeFile, mapped_file_paths},
     },
 };
 
@@ -91,43 +91,6 @@ fn interpreters() -> Vec<Ruby> {
     found
 }
 
-/// Stops `pid` (a tracee of this thread until dropped) and reads its FS base.
-struct Stopped(u32);
-
-impl Stopped {
-    fn new(pid: u32) -> (Stopped, u64) {
-        let tid = pid as libc::pid_t;
-        // SAFETY: ptrace and waitpid on a child of this process, with a
-        // zeroed register struct the kernel fills.
-        unsafe {
-            assert_eq!(libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0), 0, "seize");
-            assert_eq!(
-                libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0),
-                0,
-                "interrupt"
-            );
-            let mut status = 0;
-            assert_eq!(libc::waitpid(tid, &mut status, libc::__WALL), tid, "wait");
-            let mut regs: libc::user_regs_struct = std::mem::zeroed();
-            assert_eq!(
-                libc::ptrace(libc::PTRACE_GETREGS, tid, 0, &mut regs as *mut _),
-                0,
-                "registers"
-            );
-            (Stopped(pid), regs.fs_base)
-        }
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // SAFETY: detaching the tracee seized above.
-        unsafe {
-            libc::ptrace(libc::PTRACE_DETACH, self.0 as libc::pid_t, 0, 0);
-        }
-    }
-}
-
 /// The CRuby file the process maps, and its load bias.
 fn ruby_binary(pid: u32) -> (RubyBinary, u64) {
     let mappings = ProcessMappings::read(pid).unwrap();
@@ -191,7 +154,8 @@ fn the_bpf_walk_and_the_plugin_name_every_frame_of_live_processes() {
             ec_kind::TLS_DTV,
             "{ruby:?}: TLS slot found"
         );
-        let (stopped, fs_base) = Stopped::new(pid);
+        let stopped = Stopped::now(pid);
+        let fs_base = stopped.registers.fs_base;
         let mut reader = HostMemory(ProcessMemory::open(pid).unwrap());
         let words = walk(&process, fs_base, &mut reader);
         // The GVL holder is this thread: the fallback finds the same context.

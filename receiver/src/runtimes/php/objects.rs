@@ -1,0 +1,193 @@
+//! Reading the engine's objects from a PHP process: a `zend_function`'s
+//! kind, name, class, file and line table. Everything read is checked
+//! (lengths bounded, pointers aligned), so hostile or half-freed memory
+//! gives `None` rather than a wild name.
+
+use super::layouts::PhpLayout;
+use crate::runtimes::memory::ProcessMemory;
+
+/// Longest name or path read.
+const MAX_STRING: u64 = 4096;
+/// Most opcodes of one function whose line table is read (a 32-byte
+/// `zend_op` each: 2 MiB at most).
+const MAX_OPCODES: u64 = 65_536;
+/// `zend_function.type` of a user function (`ZEND_USER_FUNCTION`).
+const USER_FUNCTION: u8 = 2;
+/// `zend_function.type` of a C function (`ZEND_INTERNAL_FUNCTION`).
+const INTERNAL_FUNCTION: u8 = 1;
+/// `zend_function.type` of `eval`'d code (`ZEND_EVAL_CODE`).
+const EVAL_CODE: u8 = 4;
+
+/// What a function is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FunctionKind {
+    /// PHP code with opcodes.
+    User,
+    /// Code `eval` compiled.
+    Eval,
+    /// A function written in C (the engine's or an extension's).
+    Internal,
+}
+
+/// The pointers that tell one function from another that took its
+/// address after it was freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fingerprint {
+    /// `function_name`.
+    pub name: u64,
+    /// `scope`.
+    pub scope: u64,
+    /// `opcodes` (0 for an internal function).
+    pub opcodes: u64,
+    /// `filename` (0 for an internal function).
+    pub filename: u64,
+}
+
+/// One function, as symbolizing needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionInfo {
+    /// What it is.
+    pub kind: FunctionKind,
+    /// Its name (`leaf`, `{closure}`); `None` for a file's top-level code.
+    pub name: Option<String>,
+    /// Its class's name, for a method.
+    pub class: Option<String>,
+    /// Whether it is a closure (`ZEND_ACC_CLOSURE`).
+    pub closure: bool,
+    /// The file of user code.
+    pub file: Option<String>,
+    /// The line it starts at (user code).
+    pub line_start: u32,
+    /// Where its opcodes are (user code).
+    pub opcodes: u64,
+    /// The line of each opcode (user code).
+    pub lines: Vec<u32>,
+    /// What it was read from.
+    pub fingerprint: Fingerprint,
+}
+
+impl FunctionInfo {
+    /// The line of the opcode at `opline`, if it is one of this function's.
+    pub fn line_at(&self, opline: u64, op_size: u64) -> Option<u32> {
+        let offset = opline.checked_sub(self.opcodes)?;
+        if op_size == 0 || !offset.is_multiple_of(op_size) {
+            return None;
+        }
+        self.lines
+            .get(usize::try_from(offset / op_size).ok()?)
+            .copied()
+    }
+}
+
+/// A process's objects under one layout.
+pub struct Objects<'a> {
+    memory: &'a ProcessMemory,
+    layout: &'a PhpLayout,
+}
+
+impl<'a> Objects<'a> {
+    /// Objects of the process whose memory is `memory`.
+    pub fn new(memory: &'a ProcessMemory, layout: &'a PhpLayout) -> Self {
+        Objects { memory, layout }
+    }
+
+    /// The fingerprint and kind of the function at `function`: one small read.
+    pub fn fingerprint(&self, function: u64) -> Option<(FunctionKind, Fingerprint)> {
+        let l = self.layout;
+        if function == 0 || !function.is_multiple_of(8) {
+            return None;
+        }
+        let kind = match self.memory.read_u32(function + u64::from(l.fn_type)).ok()? as u8 {
+            USER_FUNCTION => FunctionKind::User,
+            EVAL_CODE => FunctionKind::Eval,
+            INTERNAL_FUNCTION => FunctionKind::Internal,
+            _ => return None,
+        };
+        let word = |offset: u16| self.memory.read_u64(function + u64::from(offset)).ok();
+        let mut fingerprint = Fingerprint {
+            name: word(l.fn_name)?,
+            scope: word(l.fn_scope)?,
+            ..Fingerprint::default()
+        };
+        if kind != FunctionKind::Internal {
+            fingerprint.opcodes = word(l.op_opcodes)?;
+            fingerprint.filename = word(l.op_filename)?;
+        }
+        Some((kind, fingerprint))
+    }
+
+    /// The function at `function`, read whole.
+    pub fn function(&self, function: u64) -> Option<FunctionInfo> {
+        let l = self.layout;
+        let (kind, fingerprint) = self.fingerprint(function)?;
+        let flags = self
+            .memory
+            .read_u32(function + u64::from(l.fn_flags))
+            .ok()?;
+        let name = match fingerprint.name {
+            0 => None,
+            at => Some(self.string(at)?),
+        };
+        let class = match fingerprint.scope {
+            0 => None,
+            scope => {
+                let name = self.memory.read_u64(scope + u64::from(l.class_name)).ok()?;
+                Some(self.string(name)?)
+            }
+        };
+        let mut info = FunctionInfo {
+            kind,
+            name,
+            class,
+            closure: flags & l.acc_closure != 0,
+            file: None,
+            line_start: 0,
+            opcodes: 0,
+            lines: Vec::new(),
+            fingerprint,
+        };
+        if kind == FunctionKind::Internal {
+            return Some(info);
+        }
+        info.file = Some(self.string(fingerprint.filename)?);
+        info.line_start = self
+            .memory
+            .read_u32(function + u64::from(l.op_line_start))
+            .ok()?;
+        let last = u64::from(self.memory.read_u32(function + u64::from(l.op_last)).ok()?);
+        info.opcodes = fingerprint.opcodes;
+        if last > MAX_OPCODES || !info.opcodes.is_multiple_of(8) {
+            return Some(info);
+        }
+        let size = u64::from(l.op_size);
+        if let Ok(bytes) = self
+            .memory
+            .read_vec(info.opcodes, last * size, MAX_OPCODES * size)
+        {
+            let lineno = usize::from(l.op_lineno);
+            info.lines = bytes
+                .chunks_exact(usize::from(l.op_size))
+                .filter_map(|op| op.get(lineno..lineno + 4))
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+        }
+        Some(info)
+    }
+
+    /// The `zend_string` at `at`, if it reads as UTF-8 of a sane length.
+    fn string(&self, at: u64) -> Option<String> {
+        let l = self.layout;
+        if at == 0 || !at.is_multiple_of(8) {
+            return None;
+        }
+        let len = self.memory.read_u64(at + u64::from(l.str_len)).ok()?;
+        if len > MAX_STRING {
+            return None;
+        }
+        let bytes = self
+            .memory
+            .read_vec(at + u64::from(l.str_val), len, MAX_STRING)
+            .ok()?;
+        String::from_utf8(bytes).ok()
+    }
+}

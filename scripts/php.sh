@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The PHP builds the PHP tests profile: Debian's 8.2 on the host, sid's 8.4
+# and experimental's 8.5 in the sid chroot (scripts/cpython-chroots.sh makes
+# it), each with its php-fpm, opcache (built into 8.5) and, where Debian
+# builds it, the php-excimer sampler the tests compare with. Idempotent: a
+# complete set is left alone.
+#
+#   scripts/php.sh [SID_ROOT]      (default /var/cache/icecore/sid)
+set -euo pipefail
+
+root=${1:-${ICECORE_SID_ROOT:-/var/cache/icecore/sid}}
+log() { printf 'php: %s\n' "$*" >&2; }
+host_packages=(php8.2-cli php8.2-opcache php8.2-fpm php-excimer)
+sid_packages=(php8.4-cli php8.4-opcache php8.4-fpm php8.4-excimer)
+experimental_packages=(php8.5-cli php8.5-fpm)
+
+installed() {
+  local chroot=$1; shift
+  local p
+  for p in "$@"; do
+    if [[ -n $chroot ]]; then
+      chroot "$chroot" dpkg -s "$p" 2>/dev/null | grep -qx 'Status: install ok installed' || return 1
+    else
+      dpkg -s "$p" 2>/dev/null | grep -qx 'Status: install ok installed' || return 1
+    fi
+  done
+}
+
+if [[ $(id -u) -ne 0 ]]; then
+  log "needs root (apt-get, chroot)"; exit 1
+fi
+# Debian's packages start their php-fpm service on install: not here.
+no_services() {
+  printf '#!/bin/sh\nexit 101\n' > "$1/usr/sbin/policy-rc.d"
+  chmod +x "$1/usr/sbin/policy-rc.d"
+}
+if ! installed "" "${host_packages[@]}"; then
+  log "installing ${host_packages[*]}"
+  created_policy=0
+  [[ -e /usr/sbin/policy-rc.d ]] || { no_services ""; created_policy=1; }
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${host_packages[@]}" >/dev/null
+  ((created_policy)) && rm -f /usr/sbin/policy-rc.d
+fi
+if [[ ! -x $root/usr/bin/apt-get ]]; then
+  log "no sid chroot in $root (scripts/cpython-chroots.sh makes it)"; exit 1
+fi
+if ! installed "$root" "${sid_packages[@]}" "${experimental_packages[@]}"; then
+  no_services "$root"
+  experimental=$root/etc/apt/sources.list.d/experimental.list
+  if [[ ! -f $experimental ]]; then
+    sed -n 's/^\(deb .*\) sid \(.*\)$/\1 experimental \2/p' "$root/etc/apt/sources.list" > "$experimental"
+  fi
+  # The registry's Release files can be past their Valid-Until date.
+  chroot "$root" apt-get -o Acquire::Check-Valid-Until=false update -qq
+  log "installing ${sid_packages[*]} in $root"
+  chroot "$root" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${sid_packages[@]}" >/dev/null
+  log "installing ${experimental_packages[*]} from experimental in $root"
+  chroot "$root" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends -t experimental "${experimental_packages[@]}" >/dev/null
+fi
+log "ready: $(php8.2 -n -r 'echo PHP_VERSION;') $(for v in 8.4 8.5; do chroot "$root" "php$v" -n -r 'echo PHP_VERSION, " ";'; done)"
