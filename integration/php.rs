@@ -1,0 +1,450 @@
+// Copyright 2026 The icecore Authors
+// SPDX-License-Identifier: Apache-2.0
+
+//! End-to-end tests of the PHP unwinder: a fixture with a known split
+//! between PHP methods (`fixtures/php_split.php`: 50/30/20 % of the CPU
+//! time through one leaf function, the last share through a closure) runs
+//! under every PHP of the machine (Debian's 8.2, sid's 8.4 and
+//! experimental's 8.5 in a chroot, like a container), with opcache's JIT
+//! off and on, each started after the agent. icecore's shares must be
+//! within 5 percentage points of the built-in split and, where Debian
+//! builds php-excimer (8.2, 8.4), of excimer's, sampling the same run.
+//! Names, classes, closures, files and lines must be the script's; an
+//! internal function must sit between its PHP caller and its C code; the
+//! workers of a php-fpm pool sharing one opcache must each be profiled.
+//!
+//! Every test loads BPF programs and needs root; without root it prints why
+//! it is skipped and passes.
+//!
+//!     sudo -E cargo test --release --test php -- --test-threads=1 --nocapture
+
+// Test code: a panic is how a helper reports a failed expectation.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+#[allow(
+    dead_code,
+    reason = "support/ serves several test targets; this one uses only part of it"
+)]
+mod support;
+
+use std::path::Path;
+use std::process::Child;
+use std::thread::sleep;
+use std::time::Duration;
+
+use support::php::{Fpm, Php, fixture_script, interpreters, read_collapsed, spawn_fixture};
+use support::run::{REPORTER_INTERVAL, SystemWideRun};
+use support::summary::{DecodedSample, Frame, count_where, of_pid_since, pct, total};
+use support::{now_unix_nanos, require_root, serial};
+
+/// Several hundred samples per fixture with six sharing two CPUs.
+const HZ: u32 = 499;
+/// Fixture lifetime.
+const FIXTURE_SECS: u32 = 14;
+/// Shares are measured from here on.
+const WARM_UP: Duration = Duration::from_secs(3);
+/// The built-in split: Split::alpha, ::beta and ::gamma, in percent.
+const SPLIT: [(&str, f64); 3] = [
+    ("Split::alpha", 50.0),
+    ("Split::beta", 30.0),
+    ("Split::gamma", 20.0),
+];
+const TOLERANCE_PP: f64 = 5.0;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+fn wait_all(children: &mut [(Php, Child)]) {
+    for (php, child) in children {
+        let status = child.wait().expect("wait for the fixture");
+        assert!(status.success(), "{}: fixture failed: {status}", php.label);
+    }
+}
+
+/// Runs until the fixtures are done, then lets icecore report their last samples.
+fn finish(run: &mut SystemWideRun) {
+    sleep(2 * REPORTER_INTERVAL + Duration::from_millis(500));
+    let _ = run
+        .icecore
+        .metrics_after_next_batch(Duration::from_secs(30));
+    run.icecore.stop();
+}
+
+fn is_php(frame: &Frame) -> bool {
+    frame.kind.as_deref() == Some("php")
+}
+
+/// Positions of the named frame in `sample`'s stack (leaf first).
+fn position(sample: &DecodedSample, name: &str) -> Option<usize> {
+    sample.stack.iter().position(|f| f.function == name)
+}
+
+/// The line of the first line of the fixture containing `text` (1-based).
+fn fixture_line(text: &str) -> i64 {
+    let source = std::fs::read_to_string(fixture_script()).unwrap();
+    source
+        .lines()
+        .position(|l| l.contains(text))
+        .map(|i| i as i64 + 1)
+        .unwrap_or_else(|| panic!("no {text:?} in the fixture"))
+}
+
+/// The name PHP gives the closure in `Split::gamma`: `{closure}` before
+/// 8.4, `{closure:Split::gamma():LINE}` since, prefixed by its class.
+fn closure_name(php: &Php) -> String {
+    if php.minor >= 4 {
+        format!(
+            "Split::{{closure:Split::gamma():{}}}",
+            fixture_line("$spin = function")
+        )
+    } else {
+        "Split::{closure}".into()
+    }
+}
+
+/// Shares of the split's methods among the samples in `leaf`, and their number.
+fn split_shares(samples: &[DecodedSample]) -> ([f64; 3], u64) {
+    let in_leaf: Vec<&DecodedSample> = samples.iter().filter(|s| s.contains("leaf")).collect();
+    let n: u64 = in_leaf.iter().map(|s| s.count).sum();
+    let shares = SPLIT.map(|(method, _)| {
+        let part: u64 = in_leaf
+            .iter()
+            .filter(|s| s.contains(method))
+            .map(|s| s.count)
+            .sum();
+        pct(part, n)
+    });
+    (shares, n)
+}
+
+/// The same shares in php-excimer's collapsed stacks.
+fn excimer_shares(stacks: &[(Vec<String>, u64)]) -> ([f64; 3], u64) {
+    let parts = SPLIT.map(|(method, _)| {
+        stacks
+            .iter()
+            .filter(|(frames, _)| frames.last().is_some_and(|f| f == "leaf"))
+            .filter(|(frames, _)| frames.iter().any(|f| f == method))
+            .map(|(_, n)| n)
+            .sum::<u64>()
+    });
+    let n: u64 = parts.iter().sum();
+    (parts.map(|p| pct(p, n)), n)
+}
+
+#[test]
+fn every_php_matches_its_split_and_excimer() {
+    const TEST: &str = "every_php_matches_its_split_and_excimer";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let found = interpreters();
+    assert!(!found.is_empty(), "{TEST}: no PHP 8.2-8.5 on this machine");
+    let leaf_lines = fixture_line("function leaf(")..=fixture_line("return $x;");
+    let closure_line = fixture_line("return leaf($m);");
+
+    let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
+    // Every fixture starts after the agent; excimer samples the same run.
+    let mut fixtures: Vec<(Php, Child, Option<std::path::PathBuf>)> = found
+        .iter()
+        .enumerate()
+        .map(|(i, php)| {
+            let out = php
+                .excimer
+                .then(|| Path::new("/tmp").join(format!("icecore-excimer-{i}.txt")));
+            let extra: Vec<String> = out.iter().map(|p| p.display().to_string()).collect();
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            let child = spawn_fixture(php, "split", FIXTURE_SECS, &extra);
+            (php.clone(), child, out)
+        })
+        .collect();
+    sleep(WARM_UP);
+    let from = now_unix_nanos();
+    let pids: Vec<u32> = fixtures.iter().map(|(_, c, _)| c.id()).collect();
+    for (php, child, _) in &mut fixtures {
+        let status = child.wait().expect("wait for the fixture");
+        assert!(status.success(), "{}: fixture failed: {status}", php.label);
+    }
+    finish(&mut run);
+    let received = run.otlp_of(pids[0]);
+
+    println!(
+        "{TEST}: {:<36} {:>7} {:>7} {:>20} {:>20} {:>9} {:>9}",
+        "php", "samples", "in_php", "icecore a/b/g %", "excimer a/b/g %", "excimer_n", "ordered"
+    );
+    let mut failures = Vec::new();
+    for ((php, _, out), &pid) in fixtures.iter().zip(&pids) {
+        let label = &php.label;
+        let (samples, _) = of_pid_since(&received.samples, pid, from);
+        let all = total(&samples);
+        let in_php = pct(count_where(&samples, |s| s.contains("split_main")), all);
+        let (shares, n) = split_shares(&samples);
+        let excimer = out.as_ref().map(|out| read_collapsed(&php.host_path(out)));
+        let (excimer_shares, excimer_n) = excimer.as_deref().map_or(([0.0; 3], 0), excimer_shares);
+        // The closure's stacks in order, down to the native code running the script.
+        let closure = closure_name(php);
+        let through_gamma: Vec<&DecodedSample> = samples
+            .iter()
+            .filter(|s| s.contains("Split::gamma"))
+            .collect();
+        let ordered = count_where(&samples, |s| {
+            let order = [
+                "leaf",
+                closure.as_str(),
+                "Split::gamma",
+                "split_main",
+                "<main>",
+                "php_execute_script",
+            ]
+            .map(|name| {
+                position(s, name).or_else(|| {
+                    // 8.5 renamed the function running the script.
+                    (name == "php_execute_script")
+                        .then(|| position(s, "php_execute_script_ex"))
+                        .flatten()
+                })
+            });
+            s.contains("Split::gamma")
+                && order
+                    .windows(2)
+                    .all(|w| matches!(w, [Some(a), Some(b)] if a < b))
+        });
+        let gamma_n: u64 = through_gamma.iter().map(|s| s.count).sum();
+        let fmt = |s: [f64; 3]| format!("{:.1}/{:.1}/{:.1}", s[0], s[1], s[2]);
+        println!(
+            "{TEST}: {label:<36} {all:>7} {in_php:>6.1}% {:>20} {:>20} {excimer_n:>9} {ordered:>4}/{gamma_n}",
+            fmt(shares),
+            if excimer.is_some() {
+                fmt(excimer_shares)
+            } else {
+                "-".into()
+            },
+        );
+        if n < 300 {
+            failures.push(format!("{label}: only {n} samples in leaf"));
+        }
+        if in_php < 95.0 {
+            failures.push(format!(
+                "{label}: {in_php:.1}% of samples have the script's PHP frames (expected ≥ 95%)"
+            ));
+        }
+        for (i, (method, expected)) in SPLIT.iter().enumerate() {
+            if (shares[i] - expected).abs() > TOLERANCE_PP {
+                failures.push(format!(
+                    "{label}: {method} {:.1}%, built-in split {expected}%",
+                    shares[i]
+                ));
+            }
+            if excimer.is_some()
+                && (excimer_n < 1000 || (shares[i] - excimer_shares[i]).abs() > TOLERANCE_PP)
+            {
+                failures.push(format!(
+                    "{label}: {method} {:.1}% vs excimer's {:.1}% ({excimer_n} samples)",
+                    shares[i], excimer_shares[i]
+                ));
+            }
+        }
+        if gamma_n < 50 || pct(ordered, gamma_n) < 95.0 {
+            let example = through_gamma.first().map(|s| s.names()).unwrap_or_default();
+            failures.push(format!(
+                "{label}: {ordered} of {gamma_n} stacks through Split::gamma in order \
+                 (leaf, {closure}, Split::gamma, split_main, <main>, php_execute_script): {example:?}"
+            ));
+        }
+        // The leaf's and the closure's frame type, file and lines.
+        let frames_of = |name: &str| -> Vec<&Frame> {
+            samples
+                .iter()
+                .flat_map(|s| &s.stack)
+                .filter(|f| f.function == name)
+                .collect()
+        };
+        let in_fixture = |f: &Frame| {
+            f.filename
+                .as_deref()
+                .is_some_and(|p| p.ends_with("php_split.php"))
+        };
+        let leaves = frames_of("leaf");
+        let wrong: Vec<&&Frame> = leaves
+            .iter()
+            .filter(|f| !is_php(f) || !in_fixture(f) || !leaf_lines.contains(&f.line))
+            .collect();
+        if leaves.is_empty() || !wrong.is_empty() {
+            failures.push(format!(
+                "{label}: leaf frames not of type php at php_split.php:{leaf_lines:?}: {:?}",
+                &wrong[..wrong.len().min(3)]
+            ));
+        }
+        let closures = frames_of(&closure);
+        if closures.is_empty()
+            || closures
+                .iter()
+                .any(|f| !is_php(f) || !in_fixture(f) || f.line != closure_line)
+        {
+            failures.push(format!(
+                "{label}: {closure} frames not at php_split.php:{closure_line}: {:?}",
+                &closures[..closures.len().min(3)]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}
+
+#[test]
+fn internal_functions_and_fpm_workers_are_attributed() {
+    const TEST: &str = "internal_functions_and_fpm_workers_are_attributed";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    // The oldest and the newest engine, without the JIT (php-fpm's opcache
+    // is on: its workers share their functions).
+    let found: Vec<Php> = interpreters().into_iter().filter(|p| !p.jit).collect();
+    let chosen: Vec<Php> = [found.first(), found.last()]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    assert!(!chosen.is_empty(), "{TEST}: no PHP on this machine");
+
+    let mut run = SystemWideRun::spawn(tmp(), HZ, &[]);
+    let mut digests: Vec<(Php, Child)> = chosen
+        .iter()
+        .map(|p| (p.clone(), spawn_fixture(p, "digest", FIXTURE_SECS / 2, &[])))
+        .collect();
+    let pools: Vec<Fpm> = chosen.iter().map(|p| Fpm::start(p, 3)).collect();
+    sleep(WARM_UP);
+    let from = now_unix_nanos();
+    let digest_pids: Vec<u32> = digests.iter().map(|(_, c)| c.id()).collect();
+    let workers: Vec<Vec<u32>> = pools.iter().map(Fpm::workers).collect();
+    let answered: Vec<u64> = std::thread::scope(|scope| {
+        let drivers: Vec<_> = pools
+            .iter()
+            .map(|pool| scope.spawn(|| pool.drive(3, 50, Duration::from_secs(8))))
+            .collect();
+        drivers.into_iter().map(|d| d.join().unwrap()).collect()
+    });
+    wait_all(&mut digests);
+    finish(&mut run);
+    let received = run.otlp_of(digest_pids[0]);
+
+    let mut failures = Vec::new();
+    for (php, pid) in chosen.iter().zip(&digest_pids) {
+        let label = &php.label;
+        let (samples, _) = of_pid_since(&received.samples, *pid, from);
+        let caller = count_where(&samples, |s| s.contains("digest_loop"));
+        // hash (PHP's frame for the C function) right under its C code,
+        // right above its PHP caller.
+        let in_place = count_where(&samples, |s| {
+            let hash = position(s, "hash");
+            let caller = position(s, "digest_loop");
+            let native_above = hash.is_some_and(|h| {
+                s.stack[..h]
+                    .iter()
+                    .any(|f| f.kind.as_deref() == Some("native"))
+            });
+            matches!((hash, caller), (Some(h), Some(c)) if h + 1 == c) && native_above
+        });
+        let hash_frames: Vec<&Frame> = samples
+            .iter()
+            .flat_map(|s| &s.stack)
+            .filter(|f| f.function == "hash")
+            .collect();
+        println!(
+            "{TEST}: {label}: digest_loop {caller} samples, {in_place} ({:.1}%) with hash's C \
+             code over hash over digest_loop",
+            pct(in_place, caller)
+        );
+        if caller < 200 || pct(in_place, caller) < 80.0 {
+            let example = samples
+                .iter()
+                .find(|s| s.contains("digest_loop"))
+                .map(|s| s.names());
+            failures.push(format!(
+                "{label}: hash not in place: {in_place} of {caller}; e.g. {example:?}"
+            ));
+        }
+        if hash_frames
+            .iter()
+            .any(|f| !is_php(f) || f.filename.is_some() || f.line != 0)
+        {
+            failures.push(format!(
+                "{label}: hash's frames are not PHP frames without a file: {:?}",
+                &hash_frames[..hash_frames.len().min(2)]
+            ));
+        }
+    }
+    for ((php, pool_workers), answered) in chosen.iter().zip(&workers).zip(&answered) {
+        let label = &php.label;
+        let per_worker: Vec<(u32, u64, u64)> = pool_workers
+            .iter()
+            .map(|&pid| {
+                let (samples, _) = of_pid_since(&received.samples, pid, from);
+                let named = count_where(&samples, |s| {
+                    ["leaf", "split_main", "fpm_request", "<main>"]
+                        .map(|name| position(s, name))
+                        .windows(2)
+                        .all(|w| matches!(w, [Some(a), Some(b)] if a < b))
+                });
+                (pid, named, total(&samples))
+            })
+            .collect();
+        println!(
+            "{TEST}: {label}: php-fpm answered {answered} requests; per worker (pid, named, \
+             samples): {per_worker:?}"
+        );
+        if pool_workers.len() != 3 || per_worker.iter().any(|&(_, named, _)| named < 100) {
+            failures.push(format!(
+                "{label}: each of php-fpm's 3 workers needs ≥ 100 samples through \
+                 leaf, split_main, fpm_request, <main>: {per_worker:?}"
+            ));
+        }
+    }
+    drop(pools);
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}
+
+#[test]
+fn a_rejected_php_program_leaves_php_profiled_natively() {
+    const TEST: &str = "a_rejected_php_program_leaves_php_profiled_natively";
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let php = interpreters().into_iter().next().expect("Debian's PHP 8.2");
+    // The test switch makes the PHP program fail verification: the path a
+    // kernel that rejects it takes.
+    let mut run =
+        SystemWideRun::spawn_wrapped(tmp(), HZ, &["env", "ICECORE_TEST_REJECT_RUNTIME=php"], &[]);
+    let mut fixture = vec![(
+        php.clone(),
+        spawn_fixture(&php, "split", FIXTURE_SECS / 2, &[]),
+    )];
+    let pid = fixture[0].1.id();
+    sleep(WARM_UP);
+    let from = now_unix_nanos();
+    let metrics = run
+        .icecore
+        .metrics_after_next_batch(Duration::from_secs(30));
+    wait_all(&mut fixture);
+    finish(&mut run);
+    let logs = run.icecore.logs();
+    assert!(
+        logs.contains("the kernel rejected the runtime's BPF program") && logs.contains("php"),
+        "{TEST}: no log line says PHP is off\n{logs}"
+    );
+    assert_eq!(metrics.bpf_event("runtime_program_missing"), 0, "{TEST}");
+    let received = run.otlp_of(pid);
+    let (samples, _) = of_pid_since(&received.samples, pid, from);
+    let n = total(&samples);
+    let php_frames = count_where(&samples, |s| s.stack.iter().any(is_php));
+    let native = count_where(&samples, |s| s.contains("execute_ex"));
+    println!("{TEST}: {n} samples, {native} through execute_ex, {php_frames} with PHP frames");
+    assert!(n >= 200, "{TEST}: the PHP process got {n} samples");
+    assert_eq!(php_frames, 0, "{TEST}: PHP frames without PHP's program");
+    assert!(
+        pct(native, n) >= 80.0,
+        "{TEST}: native frames lost: {native} of {n} through execute_ex"
+    );
+}
