@@ -79,6 +79,17 @@ impl FunctionInfo {
     }
 }
 
+/// The fields of a function's head.
+struct Head {
+    kind: FunctionKind,
+    flags: u32,
+    fingerprint: Fingerprint,
+    /// Opcodes (user code).
+    last: u32,
+    /// First line (user code).
+    line_start: u32,
+}
+
 /// A process's objects under one layout.
 pub struct Objects<'a> {
     memory: &'a ProcessMemory,
@@ -91,39 +102,82 @@ impl<'a> Objects<'a> {
         Objects { memory, layout }
     }
 
-    /// The fingerprint and kind of the function at `function`: one small read.
-    pub fn fingerprint(&self, function: u64) -> Option<(FunctionKind, Fingerprint)> {
+    /// The head of the function at `function` (its common part and, for
+    /// user code, the op array's fields icecore reads), in one read.
+    fn head(&self, function: u64) -> Option<Head> {
         let l = self.layout;
         if function == 0 || !function.is_multiple_of(8) {
             return None;
         }
-        let kind = match self.memory.read_u32(function + u64::from(l.fn_type)).ok()? as u8 {
+        let end = |offsets: &[u16], width: u64| {
+            offsets
+                .iter()
+                .map(|&o| u64::from(o) + width)
+                .max()
+                .unwrap_or(0)
+        };
+        let common = end(&[l.fn_name, l.fn_scope], 8).max(end(&[l.fn_type, l.fn_flags], 4));
+        let user = end(&[l.op_opcodes, l.op_filename], 8)
+            .max(end(&[l.op_last, l.op_line_start], 4))
+            .max(common);
+        // A C function's struct is shorter than an op array; one lying at
+        // the end of its mapping is read again, shorter.
+        let bytes = self
+            .memory
+            .read_vec(function, user, user)
+            .or_else(|_| self.memory.read_vec(function, common, common))
+            .ok()?;
+        let u32_at = |offset: u16| {
+            let at = usize::from(offset);
+            let b = bytes.get(at..at + 4)?;
+            Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let u64_at = |offset: u16| {
+            let at = usize::from(offset);
+            let b: [u8; 8] = bytes.get(at..at + 8)?.try_into().ok()?;
+            Some(u64::from_le_bytes(b))
+        };
+        let kind = match *bytes.get(usize::from(l.fn_type))? {
             USER_FUNCTION => FunctionKind::User,
             EVAL_CODE => FunctionKind::Eval,
             INTERNAL_FUNCTION => FunctionKind::Internal,
             _ => return None,
         };
-        let word = |offset: u16| self.memory.read_u64(function + u64::from(offset)).ok();
-        let mut fingerprint = Fingerprint {
-            name: word(l.fn_name)?,
-            scope: word(l.fn_scope)?,
-            ..Fingerprint::default()
+        let mut head = Head {
+            kind,
+            flags: u32_at(l.fn_flags)?,
+            fingerprint: Fingerprint {
+                name: u64_at(l.fn_name)?,
+                scope: u64_at(l.fn_scope)?,
+                ..Fingerprint::default()
+            },
+            last: 0,
+            line_start: 0,
         };
         if kind != FunctionKind::Internal {
-            fingerprint.opcodes = word(l.op_opcodes)?;
-            fingerprint.filename = word(l.op_filename)?;
+            head.fingerprint.opcodes = u64_at(l.op_opcodes)?;
+            head.fingerprint.filename = u64_at(l.op_filename)?;
+            head.last = u32_at(l.op_last)?;
+            head.line_start = u32_at(l.op_line_start)?;
         }
-        Some((kind, fingerprint))
+        Some(head)
+    }
+
+    /// The fingerprint and kind of the function at `function`: one small read.
+    pub fn fingerprint(&self, function: u64) -> Option<(FunctionKind, Fingerprint)> {
+        self.head(function).map(|h| (h.kind, h.fingerprint))
     }
 
     /// The function at `function`, read whole.
     pub fn function(&self, function: u64) -> Option<FunctionInfo> {
         let l = self.layout;
-        let (kind, fingerprint) = self.fingerprint(function)?;
-        let flags = self
-            .memory
-            .read_u32(function + u64::from(l.fn_flags))
-            .ok()?;
+        let Head {
+            kind,
+            flags,
+            fingerprint,
+            last,
+            line_start,
+        } = self.head(function)?;
         let name = match fingerprint.name {
             0 => None,
             at => Some(self.string(at)?),
@@ -141,7 +195,7 @@ impl<'a> Objects<'a> {
             class,
             closure: flags & l.acc_closure != 0,
             file: None,
-            line_start: 0,
+            line_start,
             opcodes: 0,
             lines: Vec::new(),
             fingerprint,
@@ -150,11 +204,7 @@ impl<'a> Objects<'a> {
             return Some(info);
         }
         info.file = Some(self.string(fingerprint.filename)?);
-        info.line_start = self
-            .memory
-            .read_u32(function + u64::from(l.op_line_start))
-            .ok()?;
-        let last = u64::from(self.memory.read_u32(function + u64::from(l.op_last)).ok()?);
+        let last = u64::from(last);
         info.opcodes = fingerprint.opcodes;
         if last > MAX_OPCODES || !info.opcodes.is_multiple_of(8) {
             return Some(info);
