@@ -29,6 +29,8 @@ if [[ $(id -u) -eq 0 ]]; then
     || echo "test: no Debian sid CPython chroot; the CPython 3.13-3.15 tests will skip" >&2
   # PHP 8.2 (host), 8.4 and 8.5 (sid chroot), php-fpm and php-excimer.
   scripts/php.sh || echo "test: PHP builds missing; the PHP tests will fail" >&2
+  # A thread-safe PHP 8.2 built from Debian's source (once, cached).
+  scripts/php-zts.sh || echo "test: no ZTS PHP; the PHP tests will fail" >&2
   # rbspy, the CRuby tests' reference profiler, builds (once, at low
   # priority) while the lints run; the tests that need it wait for it.
   mkdir -p target

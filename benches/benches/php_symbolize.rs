@@ -33,7 +33,7 @@ use icecore_receiver::{
     runtimes::{
         memory::ProcessMemory,
         php::{
-            detect::{PhpBinary, inspect, is_php_name},
+            detect::{Globals, PhpBinary, inspect, is_php_name},
             objects::Objects,
         },
         services::RuntimeFile,
@@ -130,10 +130,12 @@ impl MemoryReader for Memory<'_> {
 /// The functions of the running chain, found with the BPF walk's code.
 fn functions(binary: &PhpBinary, bias: u64, memory: &ProcessMemory) -> Vec<u64> {
     let l = &binary.layout;
+    let Globals::Global(globals) = binary.globals else {
+        panic!("an NTS build");
+    };
     let process = PhpProcess {
-        executor_globals: binary.executor_globals + bias,
+        executor_globals: globals + bias,
         vm_body_pc: 0,
-        tls_module: 0,
         tls_offset: 0,
         call_top: l.call_top,
         current_execute_data: l.eg_current_execute_data,

@@ -38,12 +38,16 @@ pub struct Php {
     pub root: Option<PathBuf>,
     /// Whether php-excimer is installed for it.
     pub excimer: bool,
+    /// The CLI, as the process sees it, when not Debian's `/usr/bin/php8.N`.
+    pub program: Option<PathBuf>,
 }
 
 impl Php {
     /// The CLI, as the process sees it.
     pub fn cli(&self) -> PathBuf {
-        PathBuf::from(format!("/usr/bin/php8.{}", self.minor))
+        self.program
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("/usr/bin/php8.{}", self.minor)))
     }
 
     /// `path` (as the process sees it) from the host.
@@ -68,8 +72,8 @@ impl Php {
 }
 
 /// Every PHP build, JIT off and on: Debian's 8.2, sid's 8.4 and
-/// experimental's 8.5 (in the sid chroot), those present; `scripts/php.sh`
-/// installs them. A missing one is a skip, or a failure under
+/// experimental's 8.5 (in the sid chroot), those present (`scripts/php.sh`
+/// installs them), then a thread-safe 8.2 (`scripts/php-zts.sh`). A missing one is a skip, or a failure under
 /// `ICECORE_REQUIRE_ALL=1`.
 pub fn interpreters() -> Vec<Php> {
     let status = Command::new(package_dir().join("scripts/php.sh"))
@@ -91,6 +95,7 @@ pub fn interpreters() -> Vec<Php> {
                 jit,
                 root: root.clone(),
                 excimer: false,
+                program: None,
             };
             if !super::prerequisite(
                 "PHP tests",
@@ -106,6 +111,31 @@ pub fn interpreters() -> Vec<Php> {
                 .is_ok_and(|o| o.stdout == b"yes");
             found.push(Php { excimer, ..php });
         }
+    }
+    // A thread-safe build (Debian builds none), without opcache.
+    let zts_ready = Command::new(package_dir().join("scripts/php-zts.sh"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let zts = std::env::var_os("ICECORE_PHP_ZTS")
+        .map_or_else(
+            || PathBuf::from("/var/cache/icecore/php-zts"),
+            PathBuf::from,
+        )
+        .join("bin/php");
+    if super::prerequisite(
+        "PHP tests",
+        zts_ready && zts.exists(),
+        "a thread-safe PHP (scripts/php-zts.sh)",
+    ) {
+        found.push(Php {
+            label: "8.2 ZTS (Debian's source)".into(),
+            minor: 2,
+            jit: false,
+            root: None,
+            excimer: false,
+            program: Some(zts),
+        });
     }
     found
 }

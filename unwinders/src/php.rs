@@ -6,8 +6,9 @@
 //! `prev_execute_data`; the newest is `EG(current_execute_data)`. In NTS
 //! builds (Debian's `php`, `php-fpm`) `EG` is the plain global
 //! `executor_globals`; in ZTS builds it sits at `executor_globals_offset`
-//! in the thread's TSRM block, which the TLS variable `_tsrm_ls_cache`
-//! points to. The walk follows the chain from the newest frame and reports
+//! in the thread's TSRM block, which the static TLS variable
+//! `_tsrm_ls_cache` points to (at a fixed offset from the thread pointer,
+//! the FS base). The walk follows the chain from the newest frame and reports
 //! per frame its `zend_function` and its `opline` (the instruction it runs
 //! or, for a caller, the call it made): user space tells user functions from
 //! internal ones, and finds names, files and lines, from the function.
@@ -31,7 +32,6 @@
 
 use crate::{
     Counter, MemoryReader, ProgramIndex,
-    memory::tls_block,
     runtime::{BpfRuntime, TagRange},
 };
 
@@ -75,8 +75,8 @@ pub mod word {
 pub mod globals_kind {
     /// NTS: `executor_globals` is at [`super::PhpProcess::executor_globals`].
     pub const GLOBAL: u8 = 0;
-    /// ZTS: `*(TLS block of module tls_module + tls_offset) + executor_globals`
-    /// (`_tsrm_ls_cache`, then `executor_globals_offset`).
+    /// ZTS: `*(fs_base + tls_offset) + executor_globals` (`_tsrm_ls_cache`,
+    /// then `executor_globals_offset`).
     pub const TSRM: u8 = 1;
 }
 
@@ -123,10 +123,9 @@ pub struct PhpProcess {
     /// runs on `execute_ex`'s frame, so a JIT frame is unwound as this PC.
     /// 0 when the process has no JIT.
     pub vm_body_pc: u64,
-    /// [`globals_kind::TSRM`]: the TLS module of `_tsrm_ls_cache`.
-    pub tls_module: u32,
-    /// [`globals_kind::TSRM`]: `_tsrm_ls_cache`'s offset in its module's TLS block.
-    pub tls_offset: u32,
+    /// [`globals_kind::TSRM`]: `_tsrm_ls_cache`'s offset from the thread
+    /// pointer (negative: static TLS lies below it).
+    pub tls_offset: i64,
     /// The `ZEND_CALL_TOP` bit of a frame's call info.
     pub call_top: u32,
     /// `zend_executor_globals.current_execute_data`.
@@ -175,8 +174,10 @@ impl PhpProcess {
         if self.globals_kind == globals_kind::GLOBAL {
             return (self.executor_globals != 0).then_some(self.executor_globals);
         }
-        let block = tls_block(fs_base, self.tls_module, memory)?;
-        let tsrm = memory.read_u64(block.wrapping_add(u64::from(self.tls_offset)))?;
+        if fs_base == 0 {
+            return None;
+        }
+        let tsrm = memory.read_u64(fs_base.wrapping_add(self.tls_offset as u64))?;
         (tsrm != 0).then(|| tsrm.wrapping_add(self.executor_globals))
     }
 

@@ -47,6 +47,19 @@ pub fn eh_frame_functions<'data, R: object::ReadRef<'data>>(
     functions
 }
 
+/// `len` bytes of an ELF file at virtual address `at`, from its sections
+/// (code or data the file holds, not `.bss`).
+pub fn bytes_at<'a, R: object::ReadRef<'a>>(
+    elf: &object::File<'a, R>,
+    at: u64,
+    len: u64,
+) -> Option<Vec<u8>> {
+    use object::{Object, ObjectSection};
+    elf.sections()
+        .find_map(|s| s.data_range(at, len).ok().flatten())
+        .map(<[u8]>::to_vec)
+}
+
 /// The widest row of the unwind information (`.eh_frame`) of the function
 /// at `address`: the address range of the function's body, where its frame
 /// is whole (after the prologue, before the epilogues). `None` when no FDE

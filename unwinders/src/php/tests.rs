@@ -13,7 +13,6 @@ fn nts() -> PhpProcess {
     PhpProcess {
         executor_globals: EG,
         vm_body_pc: 0,
-        tls_module: 0,
         tls_offset: 0,
         call_top: TOP,
         current_execute_data: CURRENT,
@@ -113,25 +112,21 @@ fn no_frame_no_walk_and_bad_frames_end_it() {
 #[test]
 fn zts_globals_come_from_the_tsrm_block_of_the_thread() {
     const FS_BASE: u64 = 0x7f00_0000_1000;
-    const DTV: u64 = 0x5000;
-    const BLOCK: u64 = 0x7f00_0000_0f00;
     const TSRM: u64 = 0x80_0000;
     let mut m = Image::default();
-    m.put(FS_BASE + 8, DTV);
-    m.put(DTV + 16, BLOCK);
-    m.put(BLOCK + 0x18, TSRM);
+    m.put(FS_BASE - 0x18, TSRM);
     let p = PhpProcess {
         executor_globals: 0x2c0,
-        tls_module: 1,
-        tls_offset: 0x18,
+        tls_offset: -0x18,
         globals_kind: globals_kind::TSRM,
         ..nts()
     };
     assert_eq!(p.globals(FS_BASE, &mut m), Some(TSRM + 0x2c0));
     m.put(TSRM + 0x2c0 + u64::from(CURRENT), 0x1100);
     assert_eq!(p.current_execute_data(FS_BASE, &mut m), Some(0x1100));
-    // A thread that has not set up its TSRM block yet.
-    m.put(BLOCK + 0x18, 0);
+    // No FS base known; a thread that has not set up its TSRM block yet.
+    assert_eq!(p.globals(0, &mut m), None);
+    m.put(FS_BASE - 0x18, 0);
     assert_eq!(p.globals(FS_BASE, &mut m), None);
 }
 

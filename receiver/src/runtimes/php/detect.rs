@@ -1,8 +1,16 @@
 //! Finding the PHP engine in a process: which mapped file is it (`php`,
 //! `php-fpm`, `php-cgi`, `libphp.so`), its version (the `X-Powered-By`
 //! header it sends, in its read-only data), whether it is thread-safe (the
-//! `API…,NTS`/`API…,TS` build ID), where `executor_globals` is, and where
-//! `execute_ex`, the VM loop whose frames PHP's frames replace, is.
+//! `API…,NTS`/`API…,TS` build ID), where `executor_globals` is (NTS) or how
+//! a thread finds its own (ZTS), and where `execute_ex`, the VM loop whose
+//! frames PHP's frames replace, is.
+//!
+//! A ZTS build keeps each thread's globals in its TSRM block, found through
+//! the static TLS variable `_tsrm_ls_cache`, at `executor_globals_offset`.
+//! Stripped builds keep no symbol for the TLS variable, but export
+//! `tsrm_get_ls_cache_tcb_offset` (for the JIT), whose code is the
+//! variable's offset from the thread pointer: `mov $offset, %rax` in an
+//! executable, a load of the offset from the GOT in `libphp.so`.
 
 use std::{ops::Range, path::Path};
 
@@ -10,7 +18,8 @@ use object::{Object, ObjectSection, ObjectSymbol};
 
 use super::layouts::{PhpLayout, SUPPORTED, layout};
 use crate::runtimes::services::{
-    ElfFileError, LoadSegments, ProbeFailure, RuntimeFile, open_elf, parse_elf, widest_unwind_row,
+    ElfFileError, LoadSegments, ProbeFailure, RuntimeFile, bytes_at, open_elf, parse_elf,
+    widest_unwind_row,
 };
 
 /// What precedes the version in the engine's read-only data.
@@ -38,13 +47,10 @@ pub enum DetectError {
         /// Minor version.
         minor: u8,
     },
-    /// A thread-safe (ZTS) build: its globals are per thread, found through
-    /// TSRM, which icecore does not read yet.
-    #[error("{0}: a thread-safe (ZTS) build, not supported yet (NTS builds are)")]
-    ThreadSafe(String),
-    /// An NTS build that does not export `executor_globals`.
-    #[error("{0}: executor_globals not found")]
-    NoGlobals(String),
+    /// An NTS build that does not export `executor_globals`, or a ZTS build
+    /// whose `executor_globals_offset` or TLS offset could not be found.
+    #[error("{0}: the engine's globals cannot be found ({1})")]
+    NoGlobals(String, &'static str),
 }
 
 /// What one PHP file offers, in ELF virtual addresses (add the load bias).
@@ -54,8 +60,8 @@ pub struct PhpBinary {
     pub layout: PhpLayout,
     /// The version, as the file says it (`8.2.36`).
     pub version: String,
-    /// `executor_globals`.
-    pub executor_globals: u64,
+    /// Where the engine's globals are.
+    pub globals: Globals,
     /// `execute_ex`: one frame per VM invocation, where that invocation's
     /// PHP frames go among the native ones.
     pub execute_ex: Range<u64>,
@@ -63,6 +69,44 @@ pub struct PhpBinary {
     pub vm_body_pc: u64,
     /// Where the file's segments load.
     segments: LoadSegments,
+}
+
+/// Where a build keeps `executor_globals`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Globals {
+    /// NTS: the global's address.
+    Global(u64),
+    /// ZTS: the address of `executor_globals_offset` (set at startup), and
+    /// where `_tsrm_ls_cache` is from the thread pointer.
+    Tsrm {
+        /// `executor_globals_offset`.
+        offset_variable: u64,
+        /// `_tsrm_ls_cache`'s offset.
+        tls: TlsOffset,
+    },
+}
+
+/// `_tsrm_ls_cache`'s offset from the thread pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsOffset {
+    /// Fixed at link time (the executable's own TLS).
+    Constant(i64),
+    /// In this GOT slot, which the dynamic loader fills (`libphp.so`).
+    GotSlot(u64),
+}
+
+/// The TLS offset `tsrm_get_ls_cache_tcb_offset`'s code (at `at`) returns.
+fn tls_offset(at: u64, code: &[u8]) -> Option<TlsOffset> {
+    let imm = i32::from_le_bytes(code.get(3..7)?.try_into().ok()?);
+    match code.get(..3)? {
+        // mov $imm32, %rax (sign-extended)
+        [0x48, 0xc7, 0xc0] => Some(TlsOffset::Constant(i64::from(imm))),
+        // mov disp32(%rip), %rax
+        [0x48, 0x8b, 0x05] => Some(TlsOffset::GotSlot(
+            at.checked_add(7)?.checked_add_signed(i64::from(imm))?,
+        )),
+        _ => None,
+    }
 }
 
 /// Whether a file name may be PHP's engine: `php`, `php8.2`, `php-fpm8.2`,
@@ -90,6 +134,8 @@ pub fn inspect(path: &Path) -> Result<PhpBinary, DetectError> {
     let elf = parse_elf(path, &cache)?;
     let mut execute_ex = None;
     let mut globals = None;
+    let mut offset_variable = None;
+    let mut tcb_offset = None;
     for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
         if symbol.is_undefined() {
             continue;
@@ -99,6 +145,8 @@ pub fn inspect(path: &Path) -> Result<PhpBinary, DetectError> {
                 execute_ex = Some(symbol.address()..symbol.address() + symbol.size().max(1));
             }
             Ok("executor_globals") => globals = Some(symbol.address()),
+            Ok("executor_globals_offset") => offset_variable = Some(symbol.address()),
+            Ok("tsrm_get_ls_cache_tcb_offset") => tcb_offset = Some(symbol.address()),
             _ => {}
         }
     }
@@ -114,10 +162,23 @@ pub fn inspect(path: &Path) -> Result<PhpBinary, DetectError> {
         major,
         minor,
     })?;
-    if thread_safe {
-        return Err(DetectError::ThreadSafe(shown()));
-    }
-    let executor_globals = globals.ok_or_else(|| DetectError::NoGlobals(shown()))?;
+    let globals = if thread_safe {
+        let offset_variable = offset_variable
+            .ok_or_else(|| DetectError::NoGlobals(shown(), "no executor_globals_offset"))?;
+        let tls = tcb_offset
+            .and_then(|at| tls_offset(at, &bytes_at(&elf, at, 8)?))
+            .ok_or_else(|| {
+                DetectError::NoGlobals(shown(), "no tsrm_get_ls_cache_tcb_offset to read")
+            })?;
+        Globals::Tsrm {
+            offset_variable,
+            tls,
+        }
+    } else {
+        Globals::Global(
+            globals.ok_or_else(|| DetectError::NoGlobals(shown(), "no executor_globals"))?,
+        )
+    };
     // A PC strictly inside the body's row, so that as a return address
     // (looked up one byte lower) it stays in the row.
     let vm_body_pc = widest_unwind_row(&elf, execute_ex.start)
@@ -126,7 +187,7 @@ pub fn inspect(path: &Path) -> Result<PhpBinary, DetectError> {
     Ok(PhpBinary {
         layout,
         version,
-        executor_globals,
+        globals,
         execute_ex,
         vm_body_pc,
         segments: LoadSegments::of(&elf),
@@ -192,6 +253,21 @@ mod tests {
         ] {
             assert!(!is_php_name(no), "{no}");
         }
+    }
+
+    #[test]
+    fn the_tls_offset_is_read_from_the_functions_code() {
+        // An executable's (the linker relaxed the GOT load to a constant).
+        let code = [0x48, 0xc7, 0xc0, 0xe8, 0xff, 0xff, 0xff, 0xc3];
+        assert_eq!(
+            tls_offset(0x3c6a10, &code),
+            Some(TlsOffset::Constant(-0x18))
+        );
+        // A shared library's: the offset is in the GOT.
+        let code = [0x48, 0x8b, 0x05, 0x10, 0x00, 0x01, 0x00, 0xc3];
+        assert_eq!(tls_offset(0x1000, &code), Some(TlsOffset::GotSlot(0x11017)));
+        assert_eq!(tls_offset(0x1000, &[0x90; 8]), None);
+        assert_eq!(tls_offset(0x1000, &[0x48, 0xc7]), None);
     }
 
     #[test]

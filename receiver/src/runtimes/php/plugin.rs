@@ -18,7 +18,7 @@ use lru::LruCache;
 use tracing::{debug, info};
 
 use super::{
-    detect::{PhpBinary, inspect, is_php_name},
+    detect::{Globals, PhpBinary, TlsOffset, inspect, is_php_name},
     objects::{FunctionInfo, FunctionKind, Objects},
 };
 use crate::{
@@ -45,6 +45,9 @@ const FRAME_CACHE: usize = 65_536;
 /// function's name, class, opcodes and file pointers (one small read each)
 /// and reads the function anew only when they changed.
 const RECHECK_AFTER: Duration = Duration::from_secs(1);
+/// Largest `executor_globals_offset` believed: the offset of the globals in
+/// a thread's TSRM block, which holds a few kilobytes of globals.
+const MAX_GLOBALS_OFFSET: u64 = 1 << 20;
 /// A process BPF could not be told of yet is tried again at most this often.
 const DESCRIBE_RETRY: Duration = Duration::from_millis(200);
 
@@ -135,25 +138,48 @@ impl PhpInstance {
         }
     }
 
-    fn bpf_process(&self) -> PhpProcess {
+    /// What BPF needs; `None` while a ZTS process has not set up its
+    /// globals' offset yet, or its memory cannot be read.
+    fn bpf_process(&mut self) -> Option<PhpProcess> {
+        let bias = self.bias;
+        let (globals_kind, executor_globals, tls_offset) = match self.binary.globals {
+            Globals::Global(at) => (globals_kind::GLOBAL, at.wrapping_add(bias), 0),
+            Globals::Tsrm {
+                offset_variable,
+                tls,
+            } => {
+                let memory = self.memory.get()?;
+                // Set when the engine starts; the TSRM block is small.
+                let offset = memory
+                    .read_u64(offset_variable.wrapping_add(bias))
+                    .ok()
+                    .filter(|&o| o != 0 && o < MAX_GLOBALS_OFFSET)?;
+                let tls = match tls {
+                    TlsOffset::Constant(offset) => offset,
+                    TlsOffset::GotSlot(slot) => {
+                        memory.read_u64(slot.wrapping_add(bias)).ok()? as i64
+                    }
+                };
+                (globals_kind::TSRM, offset, tls)
+            }
+        };
         let l = &self.binary.layout;
-        PhpProcess {
-            executor_globals: self.binary.executor_globals.wrapping_add(self.bias),
+        Some(PhpProcess {
+            executor_globals,
             vm_body_pc: match self.binary.vm_body_pc {
                 0 => 0,
-                pc => pc.wrapping_add(self.bias),
+                pc => pc.wrapping_add(bias),
             },
-            tls_module: 0,
-            tls_offset: 0,
+            tls_offset,
             call_top: l.call_top,
             current_execute_data: l.eg_current_execute_data,
             ex_opline: l.ex_opline,
             ex_func: l.ex_func,
             ex_call_info: l.ex_call_info,
             ex_prev: l.ex_prev,
-            globals_kind: globals_kind::GLOBAL,
+            globals_kind,
             reserved: 0,
-        }
+        })
     }
 }
 
@@ -202,7 +228,11 @@ impl PhpPlugin {
             return;
         };
         instance.tried_at = Instant::now();
-        if let Err(e) = self.map.insert(pid, &instance.bpf_process()) {
+        let Some(process) = instance.bpf_process() else {
+            debug!(pid, "PHP's thread-safe globals are not set up yet");
+            return;
+        };
+        if let Err(e) = self.map.insert(pid, &process) {
             self.stats.attach_failures += 1;
             debug!(pid, "cannot describe a PHP process to BPF: {e}");
             return;

@@ -12,14 +12,15 @@
 
 use std::{ops::Range, path::Path};
 
-use object::{Object, ObjectSection, ObjectSymbol};
+use object::{Object, ObjectSymbol};
 
 use super::{
     code_facts::{Functions, callers_of, global_symbols, instruction_loop},
     layouts::{RubyLayout, SUPPORTED, layout},
 };
 use crate::runtimes::services::{
-    ElfFileError, LoadSegments, ProbeFailure, RuntimeFile, eh_frame_functions, open_elf, parse_elf,
+    ElfFileError, LoadSegments, ProbeFailure, RuntimeFile, bytes_at, eh_frame_functions, open_elf,
+    parse_elf,
 };
 use icecore_unwinders::ruby::{RubyProcess, ec_kind};
 
@@ -175,17 +176,6 @@ fn tls_got_pair(at: u64, code: &[u8]) -> Option<u64> {
     let disp = i32::from_le_bytes(disp.try_into().ok()?);
     let next = at.checked_add(start as u64 + 8)?;
     next.checked_add_signed(i64::from(disp))
-}
-
-/// `len` bytes of the file at virtual address `at`, from its sections.
-fn bytes_at<'a, R: object::ReadRef<'a>>(
-    elf: &object::File<'a, R>,
-    at: u64,
-    len: u64,
-) -> Option<Vec<u8>> {
-    elf.sections()
-        .find_map(|s| s.data_range(at, len).ok().flatten())
-        .map(<[u8]>::to_vec)
 }
 
 impl RuntimeFile for RubyBinary {
