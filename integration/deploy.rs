@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use support::pprof::{all_samples, decode_dir};
 use support::run::s;
 use support::summary::{count_where, pct};
-use support::{Icecore, package_dir, prerequisite, require_root, serial};
+use support::{Icecore, package_dir, prerequisite, require_root, serial, tmp};
 
 /// Where the test keeps `kubernetes-validate` (from PyPI) between runs.
 const VALIDATOR_VENV: &str = "/var/cache/icecore/kubernetes-validate";
@@ -50,10 +50,6 @@ const NOBODY: u32 = 65534;
 
 fn deploy_file(name: &str) -> PathBuf {
     package_dir().join("deploy").join(name)
-}
-
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir().expect("tempdir")
 }
 
 /// The capabilities a systemd unit's `CapabilityBoundingSet=` grants, as

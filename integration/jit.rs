@@ -29,9 +29,9 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use support::jit_runtimes::{dotnet, node, node_command, node_reference_split};
-use support::run::{REPORTER_INTERVAL, SystemWideRun};
+use support::run::SystemWideRun;
 use support::summary::{DecodedSample, count_where, inclusive, of_pid_since, pct};
-use support::{now_unix_nanos, prerequisite, require_root, serial};
+use support::{now_unix_nanos, prerequisite, require_root, serial, tmp};
 
 const HZ: u32 = 499;
 /// Workload lifetime.
@@ -45,20 +45,8 @@ const PERF_MAP_RUNTIMES: &str = "cpython,cruby,hotspot,perf-map";
 /// The built-in split.
 const SPLIT: [(&str, f64); 3] = [("alpha", 50.0), ("beta", 30.0), ("gamma", 20.0)];
 
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir().expect("tempdir")
-}
-
 fn perf_map_only() -> [String; 2] {
     ["--runtimes".to_owned(), PERF_MAP_RUNTIMES.to_owned()]
-}
-
-fn finish(run: &mut SystemWideRun) {
-    sleep(2 * REPORTER_INTERVAL + Duration::from_millis(500));
-    let _ = run
-        .icecore
-        .metrics_after_next_batch(Duration::from_secs(30));
-    run.icecore.stop();
 }
 
 fn wait_ok(child: &mut Child, what: &str) {
@@ -128,7 +116,7 @@ fn node_perf_map_names_javascript_with_its_split() {
     sleep(WARM_UP);
     let from = now_unix_nanos();
     wait_ok(&mut child, "node");
-    finish(&mut run);
+    run.finish_after_fixtures();
     let received = run.otlp_of(pid);
     let (samples, _) = of_pid_since(&received.samples, pid, from);
     let (shares, n) = shares(&samples, str::to_owned);
@@ -188,7 +176,7 @@ fn functions_compiled_while_profiled_are_named() {
         .expect("start node");
     let pid = child.id();
     wait_ok(&mut child, "node grow");
-    finish(&mut run);
+    run.finish_after_fixtures();
     let received = run.otlp_of(pid);
     let (samples, _) = of_pid_since(&received.samples, pid, 0);
     let late = count_where(&samples, |s| {
@@ -229,7 +217,7 @@ fn dotnet_perf_map_names_methods_with_their_split() {
     sleep(WARM_UP);
     let from = now_unix_nanos();
     wait_ok(&mut child, "dotnet");
-    finish(&mut run);
+    run.finish_after_fixtures();
     let received = run.otlp_of(pid);
     let (samples, _) = of_pid_since(&received.samples, pid, from);
     // The perf map names methods `[jit_split] P::Alpha()[Optimized]`.

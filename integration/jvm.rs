@@ -34,10 +34,9 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use support::jvm::{Jdk, compile_fixture, jdks, jfr_stacks, spawn_fixture};
-use support::metrics::Metrics;
-use support::run::{REPORTER_INTERVAL, SystemWideRun};
+use support::run::SystemWideRun;
 use support::summary::{DecodedSample, Frame, count_where, of_pid_since, pct, total};
-use support::{now_unix_nanos, require_root, serial};
+use support::{now_unix_nanos, require_root, serial, tmp, wait_fixtures};
 
 #[path = "jvm/transitions.rs"]
 mod transitions;
@@ -79,10 +78,6 @@ fn fixture_line(text: &str) -> i64 {
     found[0] as i64
 }
 
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir().expect("tempdir")
-}
-
 /// What every test here starts from: the test lock, the machine's JDKs
 /// and the fixture compiled. `None` (the test is skipped) without root.
 struct Setup {
@@ -107,23 +102,6 @@ fn setup(test: &str) -> Option<Setup> {
         _classes_dir: classes_dir,
         classes,
     })
-}
-
-fn wait_all(children: &mut [(Jdk, Child)]) {
-    for (jdk, child) in children {
-        let status = child.wait().expect("wait for the fixture");
-        assert!(status.success(), "{}: fixture failed: {status}", jdk.label);
-    }
-}
-
-/// Stops the agent once its last samples are out, returning its metrics then.
-fn finish(run: &mut SystemWideRun) -> Metrics {
-    sleep(2 * REPORTER_INTERVAL + Duration::from_millis(500));
-    let metrics = run
-        .icecore
-        .metrics_after_next_batch(Duration::from_secs(30));
-    run.icecore.stop();
-    metrics
 }
 
 fn is_jvm(frame: &Frame) -> bool {
@@ -202,8 +180,8 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
     sleep(WARM_UP);
     let from = now_unix_nanos();
     let pids: Vec<u32> = fixtures.iter().map(|(_, c)| c.id()).collect();
-    wait_all(&mut fixtures);
-    finish(&mut run);
+    wait_fixtures(&mut fixtures, |x| &x.label);
+    run.finish_after_fixtures();
     let received = run.otlp_of(pids[0]);
 
     println!(
@@ -379,7 +357,7 @@ fn jni_code_thread_pools_and_late_classes_are_attributed() {
         let status = child.wait().expect("wait for the fixture");
         assert!(status.success(), "{} {mode}: {status}", jdk.label);
     }
-    finish(&mut run);
+    run.finish_after_fixtures();
     let received = run.otlp_of(fixtures[0].1.id());
 
     let mut failures = Vec::new();

@@ -34,9 +34,9 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use support::php::{Fpm, Php, fixture_script, interpreters, read_collapsed, spawn_fixture};
-use support::run::{REPORTER_INTERVAL, SystemWideRun};
+use support::run::SystemWideRun;
 use support::summary::{DecodedSample, Frame, count_where, of_pid_since, pct, total};
-use support::{now_unix_nanos, require_root, serial};
+use support::{now_unix_nanos, require_root, serial, tmp, wait_fixtures};
 
 /// Several hundred samples per fixture with six sharing two CPUs.
 const HZ: u32 = 499;
@@ -54,26 +54,6 @@ const SPLIT: [(&str, f64); 3] = [
     ("Split::gamma", 20.0),
 ];
 const TOLERANCE_PP: f64 = 5.0;
-
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir().expect("tempdir")
-}
-
-fn wait_all(children: &mut [(Php, Child)]) {
-    for (php, child) in children {
-        let status = child.wait().expect("wait for the fixture");
-        assert!(status.success(), "{}: fixture failed: {status}", php.label);
-    }
-}
-
-/// Runs until the fixtures are done, then lets icecore report their last samples.
-fn finish(run: &mut SystemWideRun) {
-    sleep(2 * REPORTER_INTERVAL + Duration::from_millis(500));
-    let _ = run
-        .icecore
-        .metrics_after_next_batch(Duration::from_secs(30));
-    run.icecore.stop();
-}
 
 fn is_php(frame: &Frame) -> bool {
     frame.kind.as_deref() == Some("php")
@@ -187,7 +167,7 @@ fn every_php_matches_its_split_and_excimer() {
         );
     }
     let pids: Vec<u32> = fixtures.iter().map(|(_, c, _, _)| c.id()).collect();
-    finish(&mut run);
+    run.finish_after_fixtures();
     let received = run.otlp_of(pids[0]);
 
     println!(
@@ -356,8 +336,8 @@ fn internal_functions_and_fpm_workers_are_attributed() {
             .collect();
         drivers.into_iter().map(|d| d.join().unwrap()).collect()
     });
-    wait_all(&mut digests);
-    finish(&mut run);
+    wait_fixtures(&mut digests, |x| &x.label);
+    run.finish_after_fixtures();
     let received = run.otlp_of(digest_pids[0]);
 
     let mut failures = Vec::new();
@@ -458,8 +438,8 @@ fn a_rejected_php_program_leaves_php_profiled_natively() {
     let metrics = run
         .icecore
         .metrics_after_next_batch(Duration::from_secs(30));
-    wait_all(&mut fixture);
-    finish(&mut run);
+    wait_fixtures(&mut fixture, |x| &x.label);
+    run.finish_after_fixtures();
     let logs = run.icecore.logs();
     assert!(
         logs.contains("the kernel rejected the runtime's BPF program") && logs.contains("php"),

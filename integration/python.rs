@@ -29,9 +29,9 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use support::python::{Interpreter, PySpyRecord, interpreters, py_spy, spawn_fixture};
-use support::run::{REPORTER_INTERVAL, SystemWideRun};
+use support::run::SystemWideRun;
 use support::summary::{DecodedSample, count_where, inclusive, of_pid_since, pct, total};
-use support::{now_unix_nanos, require_root, serial};
+use support::{now_unix_nanos, require_root, serial, tmp, wait_fixtures};
 
 /// High enough for about a thousand samples per fixture with nine sharing two CPUs.
 const HZ: u32 = 499;
@@ -46,10 +46,6 @@ const PY_SPY_HZ: u32 = 250;
 /// hot_alpha's share of the split, in percent.
 const ALPHA_PCT: f64 = 75.0;
 const TOLERANCE_PP: f64 = 5.0;
-
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir().expect("tempdir")
-}
 
 /// hot_alpha's share of the samples in hot_alpha or warm_beta, and their number.
 fn alpha_share(samples: &[DecodedSample]) -> (f64, u64) {
@@ -68,26 +64,6 @@ fn py_spy_share(stacks: &[(Vec<String>, u64)]) -> (f64, u64) {
     };
     let (alpha, beta) = (with("hot_alpha"), with("warm_beta"));
     (pct(alpha, alpha + beta), alpha + beta)
-}
-
-fn wait_all(children: &mut [(Interpreter, Child)]) {
-    for (interpreter, child) in children {
-        let status = child.wait().expect("wait for the fixture");
-        assert!(
-            status.success(),
-            "{}: fixture failed: {status}",
-            interpreter.label
-        );
-    }
-}
-
-/// Runs until the fixtures are done, then lets icecore report their last samples.
-fn finish(run: &mut SystemWideRun) {
-    sleep(2 * REPORTER_INTERVAL + Duration::from_millis(500));
-    let _ = run
-        .icecore
-        .metrics_after_next_batch(Duration::from_secs(30));
-    run.icecore.stop();
 }
 
 #[test]
@@ -119,8 +95,8 @@ fn every_cpython_matches_its_split_and_py_spy() {
         .collect();
     let pids: Vec<u32> = fixtures.iter().map(|(_, c)| c.id()).collect();
     let spied: Vec<_> = spies.into_iter().map(PySpyRecord::finish).collect();
-    wait_all(&mut fixtures);
-    finish(&mut run);
+    wait_fixtures(&mut fixtures, |x| &x.label);
+    run.finish_after_fixtures();
     let received = run.otlp_of(pids[0]);
 
     println!(
@@ -226,9 +202,9 @@ fn threads_and_c_extensions_are_attributed() {
     let from = now_unix_nanos();
     let thread_pids: Vec<u32> = threads.iter().map(|(_, c)| c.id()).collect();
     let native_pids: Vec<u32> = native.iter().map(|(_, c)| c.id()).collect();
-    wait_all(&mut threads);
-    wait_all(&mut native);
-    finish(&mut run);
+    wait_fixtures(&mut threads, |x| &x.label);
+    wait_fixtures(&mut native, |x| &x.label);
+    run.finish_after_fixtures();
     let received = run.otlp_of(thread_pids[0]);
 
     let mut failures = Vec::new();
@@ -340,12 +316,12 @@ fn a_runtime_program_the_kernel_rejects_is_off_and_the_rest_runs() {
     let metrics = run
         .icecore
         .metrics_after_next_batch(Duration::from_secs(30));
-    wait_all(&mut fixture);
+    wait_fixtures(&mut fixture, |x| &x.label);
     if let Some(child) = node_child.as_mut() {
         let status = child.wait().expect("wait for node");
         assert!(status.success(), "{TEST}: node failed: {status}");
     }
-    finish(&mut run);
+    run.finish_after_fixtures();
     let logs = run.icecore.logs();
     assert!(
         logs.contains("the kernel rejected the runtime's BPF program") && logs.contains("cpython"),
@@ -467,11 +443,11 @@ fn a_free_threaded_cpython_is_refused_with_a_log_line_and_a_metric() {
     let pid = fixture[0].1.id();
     sleep(WARM_UP);
     let from = now_unix_nanos();
-    wait_all(&mut fixture);
+    wait_fixtures(&mut fixture, |x| &x.label);
     let metrics = run
         .icecore
         .metrics_after_next_batch(Duration::from_secs(30));
-    finish(&mut run);
+    run.finish_after_fixtures();
     let logs = run.icecore.logs();
     let refusals = logs
         .lines()

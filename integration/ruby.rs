@@ -32,9 +32,9 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use support::ruby::{RbspyRecord, Ruby, Stacks, interpreters, rbspy, spawn_fixture};
-use support::run::{REPORTER_INTERVAL, SystemWideRun};
+use support::run::SystemWideRun;
 use support::summary::{DecodedSample, Frame, count_where, of_pid_since, pct, total};
-use support::{now_unix_nanos, require_root, serial};
+use support::{now_unix_nanos, require_root, serial, tmp, wait_fixtures};
 
 /// About a thousand samples per fixture with four sharing two CPUs.
 const HZ: u32 = 499;
@@ -57,26 +57,6 @@ const LEAF_LINES: std::ops::RangeInclusive<i64> = 21..=30;
 /// still filling it in (the `iseq` stored, the `pc` still the slot's old
 /// one). Rare: at most 1 % of the leaf frames may be there.
 const LEAF_DEF_LINE: i64 = 20;
-
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir().expect("tempdir")
-}
-
-fn wait_all(children: &mut [(Ruby, Child)]) {
-    for (ruby, child) in children {
-        let status = child.wait().expect("wait for the fixture");
-        assert!(status.success(), "{}: fixture failed: {status}", ruby.label);
-    }
-}
-
-/// Runs until the fixtures are done, then lets icecore report their last samples.
-fn finish(run: &mut SystemWideRun) {
-    sleep(2 * REPORTER_INTERVAL + Duration::from_millis(500));
-    let _ = run
-        .icecore
-        .metrics_after_next_batch(Duration::from_secs(30));
-    run.icecore.stop();
-}
 
 fn is_ruby(frame: &Frame) -> bool {
     frame.kind.as_deref() == Some("ruby")
@@ -164,8 +144,8 @@ fn every_cruby_matches_its_split_and_rbspy() {
         .into_iter()
         .map(|s| s.map(RbspyRecord::finish))
         .collect();
-    wait_all(&mut fixtures);
-    finish(&mut run);
+    wait_fixtures(&mut fixtures, |x| &x.label);
+    run.finish_after_fixtures();
     let received = run.otlp_of(pids[0]);
 
     println!(
@@ -350,9 +330,9 @@ fn threads_and_c_extensions_are_attributed() {
     let from = now_unix_nanos();
     let thread_pids: Vec<u32> = threads.iter().map(|(_, c)| c.id()).collect();
     let native_pids: Vec<u32> = native.iter().map(|(_, c)| c.id()).collect();
-    wait_all(&mut threads);
-    wait_all(&mut native);
-    finish(&mut run);
+    wait_fixtures(&mut threads, |x| &x.label);
+    wait_fixtures(&mut native, |x| &x.label);
+    run.finish_after_fixtures();
     let received = run.otlp_of(thread_pids[0]);
 
     let mut failures = Vec::new();
@@ -453,8 +433,8 @@ fn a_rejected_cruby_program_leaves_ruby_profiled_natively() {
     let metrics = run
         .icecore
         .metrics_after_next_batch(Duration::from_secs(30));
-    wait_all(&mut fixture);
-    finish(&mut run);
+    wait_fixtures(&mut fixture, |x| &x.label);
+    run.finish_after_fixtures();
     let logs = run.icecore.logs();
     assert!(
         logs.contains("the kernel rejected the runtime's BPF program") && logs.contains("cruby"),

@@ -27,7 +27,7 @@ use support::jit_runtimes::cpuprofile_shares;
 use support::node::{nodes, read_cpu_prof, v8_split};
 use support::run::{REPORTER_INTERVAL, SystemWideRun};
 use support::summary::{DecodedSample, count_where, inclusive, of_pid_since, pct, top_stacks};
-use support::{now_unix_nanos, require_root, serial};
+use support::{now_unix_nanos, require_root, serial, tmp};
 
 const HZ: u32 = 499;
 /// Workload lifetime.
@@ -63,10 +63,6 @@ fn body_lines(function: &str) -> std::ops::RangeInclusive<i64> {
             .position(|l| *l == "}")
             .expect("its end");
     (first as i64 + 1)..=(last as i64 + 1)
-}
-
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir().expect("tempdir")
 }
 
 /// Profiles the fixture in `mode` on `node` and returns the samples of its

@@ -39,8 +39,8 @@ fn frames_sampled_in_prologues_and_epilogues_reach_their_callers() {
     sleep(Duration::from_secs(3));
     let from = now_unix_nanos();
     let pids: Vec<u32> = fixtures.iter().map(|(_, c)| c.id()).collect();
-    wait_all(&mut fixtures);
-    finish(&mut run);
+    wait_fixtures(&mut fixtures, |x| &x.label);
+    run.finish_after_fixtures();
     let received = run.otlp_of(pids[0]);
 
     let mut failures = Vec::new();
@@ -132,8 +132,8 @@ fn frames_pending_deoptimization_keep_their_inlined_methods() {
     sleep(Duration::from_millis(3_500));
     let from = now_unix_nanos();
     let pids: Vec<u32> = fixtures.iter().map(|(_, c)| c.id()).collect();
-    wait_all(&mut fixtures);
-    let metrics = finish(&mut run);
+    wait_fixtures(&mut fixtures, |x| &x.label);
+    let metrics = run.finish_after_fixtures();
     let received = run.otlp_of(pids[0]);
     let pending = metrics.bpf_event("hotspot_deopt_pending");
     println!("{TEST}: {pending} compiled frames met pending deoptimization");

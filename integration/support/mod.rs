@@ -41,6 +41,24 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// with the fixture's 40 ms cycle or the kernel tick).
 pub const HZ: u32 = 97;
 
+/// A temporary directory for one test's files.
+pub fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// Waits for every fixture, each labelled by `label`; one that failed
+/// fails the test.
+pub fn wait_fixtures<T>(children: &mut [(T, Child)], label: impl Fn(&T) -> &str) {
+    for (what, child) in children {
+        let status = child.wait().expect("wait for the fixture");
+        assert!(
+            status.success(),
+            "{}: fixture failed: {status}",
+            label(what)
+        );
+    }
+}
+
 /// Root of the `icecore` package (where `integration/` lives).
 pub fn package_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

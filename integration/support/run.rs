@@ -198,6 +198,18 @@ pub struct SystemWideRun {
 }
 
 impl SystemWideRun {
+    /// Once the fixtures ended: lets icecore report their last samples (two
+    /// reporter intervals, then its next batch), stops it, and returns its
+    /// metrics of that batch.
+    pub fn finish_after_fixtures(&mut self) -> super::metrics::Metrics {
+        std::thread::sleep(2 * REPORTER_INTERVAL + Duration::from_millis(500));
+        let metrics = self
+            .icecore
+            .metrics_after_next_batch(Duration::from_secs(30));
+        self.icecore.stop();
+        metrics
+    }
+
     /// Starts the OTLP receiver and a pprof dir in `tmp`, then `icecore` without
     /// a pid filter at `hz` with both sinks and `extra_args`.
     pub fn spawn(tmp: TempDir, hz: u32, extra_args: &[String]) -> SystemWideRun {
