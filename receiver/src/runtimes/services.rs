@@ -60,6 +60,64 @@ pub fn bytes_at<'a, R: object::ReadRef<'a>>(
         .map(<[u8]>::to_vec)
 }
 
+/// One FDE's address range and its rows: each row's range and its CFA
+/// offset from `rsp` (`None` for a CFA not `rsp`-based).
+type FdeRows = (
+    std::ops::Range<u64>,
+    Vec<(std::ops::Range<u64>, Option<i64>)>,
+);
+
+/// The FDEs of a file's `.eh_frame` that `wanted` picks by address range,
+/// with their rows. Malformed entries end the scan.
+fn unwind_rows<'data, R: object::ReadRef<'data>>(
+    elf: &object::File<'data, R>,
+    wanted: impl Fn(std::ops::Range<u64>) -> bool,
+) -> Vec<FdeRows> {
+    use gimli::UnwindSection;
+    use object::{Object, ObjectSection};
+    let Some(section) = elf.section_by_name(".eh_frame") else {
+        return Vec::new();
+    };
+    let Ok(data) = section.data() else {
+        return Vec::new();
+    };
+    let eh_frame = gimli::EhFrame::new(data, gimli::LittleEndian);
+    let bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+    let mut entries = eh_frame.entries(&bases);
+    let mut context = Box::new(gimli::UnwindContext::new());
+    let mut found = Vec::new();
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(|_, bases, offset| eh_frame.cie_from_offset(bases, offset))
+        else {
+            break;
+        };
+        let range = fde.initial_address()..fde.end_address();
+        if !wanted(range.clone()) {
+            continue;
+        }
+        let Ok(mut table) = fde.rows(&eh_frame, &bases, &mut context) else {
+            continue;
+        };
+        let mut rows = Vec::new();
+        while let Ok(Some(row)) = table.next_row() {
+            let cfa = match row.cfa() {
+                gimli::CfaRule::RegisterAndOffset { register, offset }
+                    if *register == gimli::X86_64::RSP =>
+                {
+                    Some(*offset)
+                }
+                _ => None,
+            };
+            rows.push((row.start_address()..row.end_address(), cfa));
+        }
+        found.push((range, rows));
+    }
+    found
+}
+
 /// The widest row of the unwind information (`.eh_frame`) of the function
 /// at `address`: the address range of the function's body, where its frame
 /// is whole (after the prologue, before the epilogues). `None` when no FDE
@@ -70,38 +128,59 @@ pub fn widest_unwind_row<'data, R: object::ReadRef<'data>>(
     elf: &object::File<'data, R>,
     address: u64,
 ) -> Option<std::ops::Range<u64>> {
-    use gimli::UnwindSection;
-    use object::{Object, ObjectSection};
-    let section = elf.section_by_name(".eh_frame")?;
-    let data = section.data().ok()?;
-    let eh_frame = gimli::EhFrame::new(data, gimli::LittleEndian);
-    let bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
-    let mut entries = eh_frame.entries(&bases);
-    while let Ok(Some(entry)) = entries.next() {
-        let gimli::CieOrFde::Fde(partial) = entry else {
+    let fdes = unwind_rows(elf, |range| range.contains(&address));
+    let (_, rows) = fdes.into_iter().next()?;
+    rows.into_iter()
+        .map(|(range, _)| range)
+        .max_by_key(|range| range.end - range.start)
+}
+
+/// The cold parts GCC split out of `function` (`execute_ex.cold`): code
+/// the function jumps into (a `jmp` or `jcc` with a 32-bit displacement,
+/// found in its bytes `code`) that lies in an FDE starting mid-frame (its
+/// first row's CFA is not `rsp + 8`, as at a function's entry). A frame
+/// there is the function's own frame, on its error paths.
+pub fn cold_parts<'data, R: object::ReadRef<'data>>(
+    elf: &object::File<'data, R>,
+    function: std::ops::Range<u64>,
+    code: &[u8],
+) -> Vec<std::ops::Range<u64>> {
+    let mut targets = Vec::new();
+    for (i, window) in code.windows(6).enumerate() {
+        let (length, displacement) = match window {
+            [0x0f, 0x80..=0x8f, d @ ..] => (6, d),
+            [0xe9, d @ .., _] => (5, d),
+            _ => continue,
+        };
+        let Ok(displacement) = <[u8; 4]>::try_from(&displacement[..4]) else {
             continue;
         };
-        let fde = partial
-            .parse(|_, bases, offset| eh_frame.cie_from_offset(bases, offset))
-            .ok()?;
-        if !(fde.initial_address() <= address && address < fde.end_address()) {
-            continue;
+        let next = function.start + i as u64 + length;
+        if let Some(target) = next.checked_add_signed(i64::from(i32::from_le_bytes(displacement)))
+            && !function.contains(&target)
+        {
+            targets.push(target);
         }
-        let mut context = Box::new(gimli::UnwindContext::new());
-        let mut rows = fde.rows(&eh_frame, &bases, &mut context).ok()?;
-        let mut widest: Option<std::ops::Range<u64>> = None;
-        while let Ok(Some(row)) = rows.next_row() {
-            let range = row.start_address()..row.end_address();
-            if widest
-                .as_ref()
-                .is_none_or(|w| range.end - range.start > w.end - w.start)
-            {
-                widest = Some(range);
-            }
-        }
-        return widest;
     }
-    None
+    if targets.is_empty() {
+        return Vec::new();
+    }
+    targets.sort_unstable();
+    // Two jumps at least: a stray 0xe9 byte inside another instruction
+    // rarely points into code at all, twice into the same FDE never.
+    let hits = |range: &std::ops::Range<u64>| {
+        let first = targets.partition_point(|&t| t < range.start);
+        targets[first..]
+            .iter()
+            .take_while(|&&t| t < range.end)
+            .count()
+    };
+    let hit = |range: &std::ops::Range<u64>| hits(range) >= 2;
+    unwind_rows(elf, |range| hit(&range))
+        .into_iter()
+        .filter(|(_, rows)| rows.first().is_some_and(|(_, cfa)| *cfa != Some(8)))
+        .map(|(range, _)| range)
+        .collect()
 }
 
 /// Where a process's mapped file can be opened, best first: the exact file

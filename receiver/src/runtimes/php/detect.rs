@@ -18,8 +18,8 @@ use object::{Object, ObjectSection, ObjectSymbol};
 
 use super::layouts::{PhpLayout, SUPPORTED, layout};
 use crate::runtimes::services::{
-    ElfFileError, LoadSegments, ProbeFailure, RuntimeFile, bytes_at, open_elf, parse_elf,
-    widest_unwind_row,
+    ElfFileError, LoadSegments, ProbeFailure, RuntimeFile, bytes_at, cold_parts, open_elf,
+    parse_elf, widest_unwind_row,
 };
 
 /// What precedes the version in the engine's read-only data.
@@ -65,6 +65,9 @@ pub struct PhpBinary {
     /// `execute_ex`: one frame per VM invocation, where that invocation's
     /// PHP frames go among the native ones.
     pub execute_ex: Range<u64>,
+    /// The cold parts GCC split out of `execute_ex` (its error paths),
+    /// whose frames are `execute_ex`'s too.
+    pub execute_ex_cold: Vec<Range<u64>>,
     /// A PC in `execute_ex`'s body, as which JIT code is unwound.
     pub vm_body_pc: u64,
     /// Where the file's segments load.
@@ -184,10 +187,14 @@ pub fn inspect(path: &Path) -> Result<PhpBinary, DetectError> {
     let vm_body_pc = widest_unwind_row(&elf, execute_ex.start)
         .filter(|body| body.end - body.start >= 2)
         .map_or(0, |body| body.start + 1);
+    let execute_ex_cold = bytes_at(&elf, execute_ex.start, execute_ex.end - execute_ex.start)
+        .map(|code| cold_parts(&elf, execute_ex.clone(), &code))
+        .unwrap_or_default();
     Ok(PhpBinary {
         layout,
         version,
         globals,
+        execute_ex_cold,
         execute_ex,
         vm_body_pc,
         segments: LoadSegments::of(&elf),
@@ -279,9 +286,17 @@ mod tests {
             assert!(binary.vm_body_pc > binary.execute_ex.start, "{}", php.label);
             assert!(binary.vm_body_pc < binary.execute_ex.end, "{}", php.label);
             println!(
-                "{}: {} execute_ex {:#x?} body pc {:#x}",
-                php.label, binary.version, binary.execute_ex, binary.vm_body_pc
+                "{}: {} execute_ex {:#x?} (cold parts {:#x?}) body pc {:#x}",
+                php.label,
+                binary.version,
+                binary.execute_ex,
+                binary.execute_ex_cold,
+                binary.vm_body_pc
             );
+            // GCC splits execute_ex's error paths out in every build here.
+            assert_eq!(binary.execute_ex_cold.len(), 1, "{}", php.label);
+            let cold = &binary.execute_ex_cold[0];
+            assert!(cold.end <= binary.execute_ex.start || cold.start >= binary.execute_ex.end);
         }
     }
 }

@@ -124,12 +124,14 @@ struct PhpInstance {
 
 impl PhpInstance {
     fn attachment(&self) -> Attachment {
-        let execute_ex = &self.binary.execute_ex;
-        let mut code = vec![RuntimeCode {
-            start: execute_ex.start.wrapping_add(self.bias),
-            end: execute_ex.end.wrapping_add(self.bias),
-            dispatch: Dispatch::Deferred,
-        }];
+        let mut code: Vec<RuntimeCode> = std::iter::once(&self.binary.execute_ex)
+            .chain(&self.binary.execute_ex_cold)
+            .map(|range| RuntimeCode {
+                start: range.start.wrapping_add(self.bias),
+                end: range.end.wrapping_add(self.bias),
+                dispatch: Dispatch::Deferred,
+            })
+            .collect();
         code.extend(&self.jit);
         Attachment {
             code,
