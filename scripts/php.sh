@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The PHP builds the PHP tests profile: Debian's 8.2 on the host, sid's 8.4
 # and experimental's 8.5 in the sid chroot (scripts/cpython-chroots.sh makes
-# it), each with its php-fpm, opcache (built into 8.5) and, where Debian
-# builds it, the php-excimer sampler the tests compare with. Idempotent: a
-# complete set is left alone.
+# it), each with its php-fpm, opcache (built into 8.5) and the php-excimer
+# sampler the tests compare with (Debian builds none for 8.5: it is built
+# from Debian's php-excimer source in the chroot). Idempotent: a complete
+# set is left alone.
 #
 #   scripts/php.sh [SID_ROOT]      (default /var/cache/icecore/sid)
 set -euo pipefail
@@ -13,6 +14,8 @@ log() { printf 'php: %s\n' "$*" >&2; }
 host_packages=(php8.2-cli php8.2-opcache php8.2-fpm php-excimer)
 sid_packages=(php8.4-cli php8.4-opcache php8.4-fpm php8.4-excimer)
 experimental_packages=(php8.5-cli php8.5-fpm)
+# To build php-excimer for 8.5 (perl, which automake needs, from sid).
+excimer_build_packages=(php8.5-dev/experimental gcc make libc6-dev)
 
 installed() {
   local chroot=$1; shift
@@ -59,5 +62,22 @@ if ! installed "$root" "${sid_packages[@]}" "${experimental_packages[@]}"; then
   log "installing ${experimental_packages[*]} from experimental in $root"
   chroot "$root" env DEBIAN_FRONTEND=noninteractive \
     apt-get install -y -qq --no-install-recommends -t experimental "${experimental_packages[@]}" >/dev/null
+fi
+if [[ $(chroot "$root" php8.5 -r 'echo extension_loaded("excimer") ? 1 : 0;') != 1 ]]; then
+  log "building php-excimer for 8.5 from Debian's source in $root"
+  chroot "$root" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${excimer_build_packages[@]}" >/dev/null
+  mirror=$(awk '/^deb /{print $2; exit}' "$root/etc/apt/sources.list")
+  echo "deb-src $mirror sid main" > "$root/etc/apt/sources.list.d/icecore-excimer-source.list"
+  chroot "$root" apt-get -o Acquire::Check-Valid-Until=false update -qq
+  chroot "$root" sh -ec '
+    rm -rf /tmp/icecore-excimer && mkdir -p /tmp/icecore-excimer && cd /tmp/icecore-excimer
+    apt-get -o Acquire::Check-Valid-Until=false source --download-only -qq php-excimer >/dev/null 2>&1
+    tar -xzf php-excimer_*.orig.tar.gz && cd excimer-*
+    phpize8.5 >/dev/null && ./configure --with-php-config=php-config8.5 >/dev/null
+    make -j2 >/dev/null 2>&1 && make install >/dev/null 2>&1
+    echo "extension=excimer.so" > /etc/php/8.5/mods-available/excimer.ini
+    ln -sf /etc/php/8.5/mods-available/excimer.ini /etc/php/8.5/cli/conf.d/20-excimer.ini
+    rm -rf /tmp/icecore-excimer'
 fi
 log "ready: $(php8.2 -n -r 'echo PHP_VERSION;') $(for v in 8.4 8.5; do chroot "$root" "php$v" -n -r 'echo PHP_VERSION, " ";'; done)"
