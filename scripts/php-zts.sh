@@ -34,8 +34,10 @@ fi
 chroot "$root" apt-get -o Acquire::Check-Valid-Until=false update -qq
 work=$root/tmp/icecore-php-zts
 rm -rf "$work" && mkdir -p "$work"
-chroot "$root" sh -c 'cd /tmp/icecore-php-zts && apt-get -o Acquire::Check-Valid-Until=false source --download-only -qq php8.2' >/dev/null 2>&1
-tarball=$(ls "$work"/php8.2_*.orig.tar.xz)
+# Only the upstream tarball is used: apt may fail on a missing .dsc after
+# downloading it.
+chroot "$root" sh -c 'cd /tmp/icecore-php-zts && apt-get -o Acquire::Check-Valid-Until=false source --download-only -qq php8.2' >/dev/null 2>&1 || true
+tarball=$(ls "$work"/php8.2_*.orig.tar.xz) || { log "no php8.2 source tarball from Debian"; exit 1; }
 build=$(mktemp -d /tmp/icecore-php-zts-build.XXXXXX)
 trap 'rm -rf "$build" "$work"' EXIT
 tar -xf "$tarball" -C "$build"

@@ -72,9 +72,11 @@ if [[ $(chroot "$root" php8.5 -r 'echo extension_loaded("excimer") ? 1 : 0;') !=
   chroot "$root" apt-get -o Acquire::Check-Valid-Until=false update -qq
   chroot "$root" sh -ec '
     rm -rf /tmp/icecore-excimer && mkdir -p /tmp/icecore-excimer && cd /tmp/icecore-excimer
-    apt-get -o Acquire::Check-Valid-Until=false source --download-only -qq php-excimer >/dev/null 2>&1
+    # The registry serves the upstream tarball but not always the .dsc:
+    # apt then fails after downloading what is needed here.
+    apt-get -o Acquire::Check-Valid-Until=false source --download-only -qq php-excimer >/dev/null 2>&1 || true
     tar -xzf php-excimer_*.orig.tar.gz && cd excimer-*
-    phpize8.5 >/dev/null && ./configure --with-php-config=php-config8.5 >/dev/null
+    phpize8.5 >/dev/null 2>&1 && ./configure --with-php-config=php-config8.5 >/dev/null
     make -j2 >/dev/null 2>&1 && make install >/dev/null 2>&1
     echo "extension=excimer.so" > /etc/php/8.5/mods-available/excimer.ini
     ln -sf /etc/php/8.5/mods-available/excimer.ini /etc/php/8.5/cli/conf.d/20-excimer.ini
