@@ -297,9 +297,28 @@ impl Fpm {
 }
 
 impl Drop for Fpm {
+    /// Stops the whole pool: SIGKILL would take the master only and leave
+    /// its workers waiting on the socket, so the master is asked to quit
+    /// (SIGTERM: it stops its workers), and whatever remains is killed.
     fn drop(&mut self) {
+        let workers = self.workers();
+        // SAFETY: kill(2) on the master's pid, a child of this process.
+        unsafe {
+            libc::kill(self.master.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && matches!(self.master.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.master.kill();
         let _ = self.master.wait();
+        for pid in workers {
+            // SAFETY: kill(2) on a worker of this pool (already gone, at most
+            // an ESRCH).
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
