@@ -4,8 +4,9 @@
 //! `task->stack + THREAD_SIZE - sizeof(pt_regs)`. The offset of
 //! `task_struct.stack` varies per kernel build, so user space reads it from BTF
 //! and passes it in `TASK_STACK_OFFSET`. THREAD_SIZE is 16 KiB, or 32 KiB with
-//! KASAN; both are tried and the user code and stack segment selectors
-//! confirm the right one (a kernel thread has neither, and gets no user stack).
+//! KASAN, and FRED kernels leave 16 bytes above `pt_regs`; each is tried and
+//! the user code and stack segment selectors confirm the right one (a kernel
+//! thread has neither, and gets no user stack).
 
 use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_get_current_task};
 use icecore_unwinders::Registers;
@@ -15,6 +16,7 @@ use icecore_unwinders::Registers;
 static TASK_STACK_OFFSET: u64 = 0;
 
 const PT_REGS_SIZE: u64 = 21 * 8;
+const FRED_PADDING: u64 = 16;
 const PT_REGS_RBP: u64 = 4 * 8;
 const PT_REGS_RIP: u64 = 16 * 8;
 const USER_CS: u64 = 0x33;
@@ -61,8 +63,15 @@ pub fn user_registers() -> Option<Registers> {
     if stack == 0 {
         return None;
     }
-    for thread_size in [16 * 1024u64, 32 * 1024] {
-        let regs = stack + thread_size - PT_REGS_SIZE;
+    // Kernels with FRED support (6.9+, CONFIG_X86_FRED) keep 16 bytes
+    // free above `pt_regs` (TOP_OF_KERNEL_STACK_PADDING).
+    for top in [
+        16 * 1024u64,
+        16 * 1024 - FRED_PADDING,
+        32 * 1024,
+        32 * 1024 - FRED_PADDING,
+    ] {
+        let regs = stack + top - PT_REGS_SIZE;
         let Ok(frame) =
             (unsafe { bpf_probe_read_kernel((regs + PT_REGS_RIP) as *const InterruptFrame) })
         else {
