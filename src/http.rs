@@ -384,6 +384,9 @@ fn render(stats: &ProfilerStats) -> String {
             stats.counters.get(counter)
         );
     }
+    if let Some(off_cpu) = &stats.off_cpu {
+        crate::off_cpu_metrics::render(&mut out, off_cpu);
+    }
     let native = &stats.native;
     let scalars: [(&str, &str, &str, f64); 20] = [
         (

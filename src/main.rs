@@ -7,6 +7,7 @@ mod allocator;
 mod http;
 mod labeler;
 mod logging;
+mod off_cpu_metrics;
 mod otlp_listen;
 mod pull;
 mod scrape;
@@ -19,7 +20,7 @@ use std::{process::ExitCode, sync::Arc};
 
 use anyhow::Context;
 use icecore_config::{Config, ConfigError};
-use icecore_receiver::{CpuProfiler, ProfilerOptions, SamplerOptions};
+use icecore_receiver::{CpuProfiler, OffCpuOptions, ProfilerOptions, SamplerOptions};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -153,7 +154,12 @@ async fn run(
     sampler
         .runtimes
         .retain(|name| config.runtimes.iter().any(|enabled| enabled == name));
+    sampler.off_cpu = config.off_cpu.map(|off_cpu| OffCpuOptions {
+        probability: off_cpu.probability.get(),
+        min_duration: off_cpu.min_duration,
+    });
     let mut options = ProfilerOptions::new(sampler, config.reporter_interval);
+    options.wall_clock = config.wall_clock;
     options.symbolizer.max_debug_bytes = config.debug_info_memory_bytes;
     if !config.relabel_configs.is_empty() || config.targets.filters() {
         options.labeler = Some(Arc::new(labeler::Relabeler::new(
@@ -234,6 +240,30 @@ async fn run(
     let sink_report = sink_task.await.context("the sink task failed")?;
 
     let cost = stats.bpf_cost;
+    if let Some(off_cpu) = &stats.off_cpu {
+        let counter = |c| stats.counters.get(c);
+        let switch = off_cpu.bpf_cost;
+        info!(
+            waits = off_cpu.reported,
+            starts_by_bpf = counter(icecore_receiver::Counter::OffCpuSamples),
+            ends_by_bpf = counter(icecore_receiver::Counter::OffCpuEnds),
+            short_by_bpf = counter(icecore_receiver::Counter::OffCpuShort),
+            kernel_threads = counter(icecore_receiver::Counter::OffCpuKernelThread),
+            unknown_process = counter(icecore_receiver::Counter::UnknownProcess),
+            ring_full = counter(icecore_receiver::Counter::RingBufferFull),
+            joined = off_cpu.join.joined,
+            unanswered = off_cpu.join.unanswered,
+            orphan_ends = off_cpu.join.orphan_ends,
+            overflow = off_cpu.join.overflow,
+            pending = off_cpu.pending,
+            switches = switch.run_count,
+            bpf_ns_per_switch = switch
+                .run_time_ns
+                .checked_div(switch.run_count)
+                .unwrap_or(0),
+            "off-CPU totals"
+        );
+    }
     info!(
         samples = stats.samples_reported,
         batches = stats.batches,

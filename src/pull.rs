@@ -12,7 +12,10 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use icecore_otlp::{encode_gzip, model::ProfileBatch};
+use icecore_otlp::{
+    encode_gzip,
+    model::{ProfileBatch, ProfileKind},
+};
 use tokio::sync::{Notify, Semaphore, broadcast};
 
 /// Default of `seconds`, as in Go's net/http/pprof.
@@ -71,9 +74,12 @@ impl PullHub {
         self.cut_now.clone()
     }
 
-    /// Offers a batch to the running pulls (none: dropped at once).
+    /// Offers a batch to the running pulls (none: dropped at once). Only
+    /// CPU profiles are pulled, as `/debug/pprof/profile` serves in Go.
     pub fn publish(&self, batch: Arc<ProfileBatch>) {
-        let _ = self.batches.send(batch);
+        if batch.kind == ProfileKind::Cpu {
+            let _ = self.batches.send(batch);
+        }
     }
 
     /// The gzipped pprof of the next `seconds` seconds.

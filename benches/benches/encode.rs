@@ -145,6 +145,7 @@ fn batch() -> ProfileBatch {
         );
     }
     ProfileBatch {
+        kind: icecore_otlp::model::ProfileKind::Cpu,
         start_unix_nanos: START,
         duration_nanos: DURATION,
         period_nanos: 1_000_000_000 / 19,

@@ -53,7 +53,7 @@ fn record(i: u64) -> Vec<u8> {
         flags: 0,
         kernel_frames: kernel.len() as u32,
         user_words: (user.len() + interpreter.len()) as u32,
-        reserved: [0; 2],
+        off_cpu_ns: 0,
         comm,
     };
     // SAFETY: SampleHeader is repr(C), integers only, size asserted (no padding).
@@ -86,7 +86,7 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("decode_and_aggregate", |b| {
         b.iter(|| {
-            let mut aggregator = Aggregator::new(1 << 20);
+            let mut aggregator = Aggregator::new(1 << 20, None, false);
             for (i, bytes) in records.iter().enumerate() {
                 let sample = RawSample::decode(black_box(bytes)).expect("a valid record");
                 aggregator.add(&sample, i as u64, Some(1));

@@ -234,7 +234,7 @@ fn run_for(profiler: &mut CpuProfiler, length: Duration) {
 /// The counters and BPF statistics as of now.
 fn snapshot(profiler: &mut CpuProfiler) -> ProfilerStats {
     // Taking a batch drains the ring and refreshes the statistics.
-    profiler.take_batch();
+    profiler.take_batches();
     let shared = profiler.stats();
     shared.lock().expect("stats lock").clone()
 }

@@ -155,6 +155,18 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     duration: Option<String>,
 
+    /// Record this share of context switches of profiled threads with the stack they waited in, from 0 (off) to 1 (every switch); each recorded wait counts 1/P times, so totals stay unbiased [default: 0]
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    off_cpu_threshold: Option<String>,
+
+    /// Shorter waits off CPU are not recorded (they cost only the filter), up to 1m [default: 1us]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    off_cpu_min_duration: Option<String>,
+
+    /// Also send a wall-clock profile: per thread, its CPU samples and its off-CPU waits in one profile in nanoseconds (needs --off-cpu-threshold)
+    #[arg(long)]
+    wall_clock: bool,
+
     /// Profile only this process; repeat for more (comma-separated also works) [default: every process]
     #[arg(
         long = "pid",
@@ -384,6 +396,16 @@ impl Cli {
             validate::memory_size,
         )?;
         let duration = check("duration", self.duration.as_deref(), validate::run_duration)?;
+        let off_cpu_threshold = check(
+            "off-cpu-threshold",
+            self.off_cpu_threshold.as_deref(),
+            crate::off_cpu::threshold,
+        )?;
+        let off_cpu_min_duration = check(
+            "off-cpu-min-duration",
+            self.off_cpu_min_duration.as_deref(),
+            crate::off_cpu::min_duration,
+        )?;
         let pids = if self.pids.is_empty() {
             None
         } else {
@@ -467,6 +489,9 @@ impl Cli {
             reporter_interval,
             debug_info_memory_bytes,
             duration,
+            off_cpu_threshold,
+            off_cpu_min_duration,
+            wall_clock: self.wall_clock.then_some(true),
             pids,
             runtimes,
             http_address,

@@ -16,7 +16,7 @@ mod lists;
 mod scrape;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 43] = [
+pub const KEYS: [&str; 46] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -54,6 +54,9 @@ pub const KEYS: [&str; 43] = [
     "reporter_interval",
     "debug_info_memory",
     "duration",
+    "off_cpu_threshold",
+    "off_cpu_min_duration",
+    "wall_clock",
     "pids",
     "runtimes",
     "http_address",
@@ -262,6 +265,10 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
             validate::memory_size_number,
         )?,
         duration: reader.string("duration", validate::run_duration)?,
+        off_cpu_threshold: reader.string("off_cpu_threshold", crate::off_cpu::threshold)?,
+        off_cpu_min_duration: reader
+            .string("off_cpu_min_duration", crate::off_cpu::min_duration)?,
+        wall_clock: reader.boolean("wall_clock")?,
         pids: reader.pids()?,
         runtimes: reader.runtimes()?,
         http_address: reader.string("http_address", validate::http_address)?,

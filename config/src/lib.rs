@@ -23,6 +23,7 @@ mod cli;
 mod env;
 mod export;
 mod file;
+mod off_cpu;
 pub mod relabel;
 pub mod scrape;
 pub mod targets;
@@ -37,6 +38,7 @@ pub use cli::ABOUT;
 pub use env::BEARER_TOKEN_VAR;
 pub use export::{BearerToken, DEFAULT_OTLP_TIMEOUT, OtlpCompression, OtlpTls, Secret};
 pub use file::KEYS as CONFIG_FILE_KEYS;
+pub use off_cpu::{DEFAULT_OFF_CPU_MIN_DURATION, OffCpuConfig, Probability};
 pub use validate::{
     MAX_REPORTER_INTERVAL, MAX_SAMPLING_FREQUENCY_HZ, MIN_REPORTER_INTERVAL,
     MIN_SAMPLING_FREQUENCY_HZ,
@@ -183,6 +185,10 @@ pub struct Config {
     pub debug_info_memory_bytes: u64,
     /// How long to run before flushing and exiting; `None` runs until stopped.
     pub duration: Option<Duration>,
+    /// Off-CPU profiling; `None` when off (the default).
+    pub off_cpu: Option<OffCpuConfig>,
+    /// Whether a wall-clock profile is cut too (needs `off_cpu`).
+    pub wall_clock: bool,
     /// The processes to profile; empty profiles every process on the host.
     pub pids: Vec<u32>,
     /// The runtimes whose frames are unwound or named (of
@@ -341,6 +347,9 @@ pub(crate) struct Settings {
     pub reporter_interval: Option<Duration>,
     pub debug_info_memory_bytes: Option<u64>,
     pub duration: Option<Duration>,
+    pub off_cpu_threshold: Option<Probability>,
+    pub off_cpu_min_duration: Option<Duration>,
+    pub wall_clock: Option<bool>,
     pub pids: Option<Vec<u32>>,
     pub runtimes: Option<Vec<String>>,
     pub http_address: Option<SocketAddr>,
@@ -402,6 +411,9 @@ impl Settings {
                 .debug_info_memory_bytes
                 .or(lower.debug_info_memory_bytes),
             duration: self.duration.or(lower.duration),
+            off_cpu_threshold: self.off_cpu_threshold.or(lower.off_cpu_threshold),
+            off_cpu_min_duration: self.off_cpu_min_duration.or(lower.off_cpu_min_duration),
+            wall_clock: self.wall_clock.or(lower.wall_clock),
             pids: self.pids.or(lower.pids),
             runtimes: self.runtimes.or(lower.runtimes),
             http_address: self.http_address.or(lower.http_address),
@@ -470,6 +482,8 @@ impl Settings {
                 .debug_info_memory_bytes
                 .unwrap_or(DEFAULT_DEBUG_INFO_MEMORY),
             duration: self.duration,
+            off_cpu: off_cpu::resolve(self.off_cpu_threshold, self.off_cpu_min_duration),
+            wall_clock: self.wall_clock.unwrap_or(false),
             pids: self.pids.unwrap_or_default(),
             runtimes: self
                 .runtimes
@@ -581,6 +595,8 @@ impl Config {
             && self.otlp.as_ref().is_some_and(|o| !o.tls)
         {
             Some("TLS settings are given but the OTLP endpoint is http://; use https://")
+        } else if self.wall_clock && self.off_cpu.is_none() {
+            Some("wall_clock needs off-CPU sampling: set off_cpu_threshold above 0")
         } else {
             None
         };

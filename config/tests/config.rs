@@ -671,3 +671,27 @@ fn tls_settings_and_their_conflicts() {
     let file = yaml("otlp_insecure_skip_verify: yes please\n");
     assert!(err(&["--config", path_of(&file)]).contains("true or false"));
 }
+
+#[test]
+fn off_cpu_settings_from_flags_and_file() {
+    let config = ok(&[
+        "--off-cpu-threshold",
+        "0.01",
+        "--off-cpu-min-duration",
+        "5us",
+    ]);
+    let off_cpu = config.off_cpu.expect("on");
+    assert_eq!(off_cpu.probability.get(), 0.01);
+    assert_eq!(off_cpu.min_duration, Duration::from_micros(5));
+    assert!(!config.wall_clock);
+    assert_eq!(ok(&[]).off_cpu, None);
+    assert_eq!(ok(&["--off-cpu-threshold", "0"]).off_cpu, None);
+
+    let file = yaml("off_cpu_threshold: 1\nwall_clock: true\n");
+    let config = ok(&["--config", path_of(&file)]);
+    assert_eq!(config.off_cpu.expect("on").probability.get(), 1.0);
+    assert!(config.wall_clock);
+
+    assert!(err(&["--off-cpu-threshold", "2"]).contains("--off-cpu-threshold"));
+    assert!(err(&["--wall-clock"]).contains("wall_clock needs off-CPU sampling"));
+}

@@ -4,9 +4,12 @@ use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::generated::bpf_ringbuf_output,
 };
-use icecore_unwinders::{Counter, SampleRecord, UnwindScratch, sample::MAX_FRAMES};
+use icecore_unwinders::{
+    Counter, SampleRecord, UnwindScratch,
+    sample::{MAX_FRAMES, flags},
+};
 
-use crate::maps::{SAMPLE_RINGS, count, count_n};
+use crate::maps::{OFF_CPU_STARTS, SAMPLE_RINGS, count, count_n};
 
 /// Wake the reader only once this many bytes wait: a wakeup per sample costs
 /// about 1 µs of BPF time, and user space polls on a timer anyway. Set at load
@@ -18,6 +21,18 @@ static WAKEUP_BYTES: u64 = 256 * 1024;
 /// is a helper call, and the threshold is a quarter of a ring that holds a
 /// second of samples, so a few records more before a wakeup are harmless.
 const QUERY_EVERY: u16 = 8;
+
+/// [`icecore_unwinders::ProgramIndex::Emit`]'s program.
+#[inline(always)]
+pub fn emit_program<C: crate::chain::Chain>(_ctx: &C) -> u32 {
+    let Some(scratch) = C::scratch_space().get_ptr_mut(0) else {
+        count(Counter::ScratchUnavailable);
+        return 0;
+    };
+    // SAFETY: per-CPU value owned by this CPU's tail-call chain.
+    emit(unsafe { &mut *scratch });
+    0
+}
 
 #[inline(always)]
 pub fn emit(scratch: &mut UnwindScratch) {
@@ -63,6 +78,17 @@ pub fn emit(scratch: &mut UnwindScratch) {
         unsafe { bpf_ringbuf_output(ring, core::ptr::from_mut(record).cast(), size, flags as u64) };
     if ret < 0 {
         count(Counter::RingBufferFull);
+    } else if record.header.flags & flags::OFF_CPU != 0 {
+        // The wait gets an end record only now that its start is out: a
+        // start dropped on the way (an undescribed process, a full ring)
+        // leaves nothing to join.
+        if OFF_CPU_STARTS
+            .insert(record.header.tid, record.header.ktime_ns, 0)
+            .is_err()
+        {
+            count(Counter::OffCpuMapFull);
+        }
+        count(Counter::OffCpuSamples);
     } else {
         count(Counter::Emitted);
     }

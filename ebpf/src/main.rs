@@ -9,34 +9,32 @@
 //! `icecore_unwinders::runtime`); the last program copies the finished
 //! record into the ring buffer. Every way a sample can end or degrade bumps a
 //! named counter (see `icecore_unwinders::Counter`).
+//!
+//! Off-CPU samples (`off_cpu`) start in the `sched_switch` tracepoint and
+//! run the same unwinders, built a second time as raw tracepoint programs
+//! (`off_cpu_unwind_*`), since the kernel tail-calls only between programs
+//! of one type (see `chain`).
 #![no_std]
 #![no_main]
 
+mod chain;
 mod emit;
 mod lifecycle;
 mod maps;
 mod native;
+mod off_cpu;
 mod runtimes;
+mod start;
 mod task;
 
 use aya_ebpf::{
-    EbpfContext,
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        generated::{bpf_get_current_comm, bpf_get_stack},
-    },
-    macros::perf_event,
-    programs::PerfEventContext,
+    helpers::bpf_get_current_pid_tgid,
+    macros::{perf_event, raw_tracepoint},
+    programs::{PerfEventContext, RawTracePointContext},
 };
-use icecore_unwinders::{
-    Counter, ProgramIndex, Registers,
-    sample::{MAX_KERNEL_FRAMES, flags},
-};
+use icecore_unwinders::{Counter, Registers};
 
-use crate::maps::{PROGRAMS, SCRATCH, count, is_profiled};
-
-/// Linux's `__USER_CS` on x86-64: the privilege level of the interrupted code.
-const USER_MODE_RPL: u64 = 3;
+use crate::maps::{count, is_profiled};
 
 #[perf_event]
 pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
@@ -52,137 +50,65 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
         count(Counter::FilteredOut);
         return 0;
     }
-    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
-        count(Counter::ScratchUnavailable);
-        return 0;
+    // SAFETY: a perf-event context always points at bpf_perf_event_data;
+    // the verifier allows reading its `regs`.
+    let regs = unsafe { (*ctx.ctx).regs };
+    let user = Registers {
+        ip: regs.rip,
+        sp: regs.rsp,
+        bp: regs.rbp,
     };
-    // SAFETY: per-CPU map value; this program is the only user on this CPU
-    // until the tail-call chain ends (perf-event programs do not nest).
-    let scratch = unsafe { &mut *scratch };
-    let record = &mut scratch.record;
-    let header = &mut record.header;
-    // SAFETY: plain helper calls without pointer arguments.
-    header.ktime_ns = unsafe { bpf_ktime_get_ns() };
-    header.cpu = unsafe { bpf_get_smp_processor_id() };
-    header.pid = pid;
-    header.tid = pid_tgid as u32;
-    header.flags = 0;
-    header.user_words = 0;
-    // Straight into the record: `ctx.command()` would zero a stack copy first.
-    // SAFETY: `comm` is a 16-byte buffer, the size passed.
-    if unsafe { bpf_get_current_comm(header.comm.as_mut_ptr().cast(), 16) } < 0 {
-        header.comm = [0; 16];
-    }
-
-    let regs = interrupted_registers(&ctx);
-    let user_mode = regs.cs & USER_MODE_RPL == USER_MODE_RPL;
-    if user_mode {
-        record.header.kernel_frames = 0;
-    } else {
-        // SAFETY: the buffer is the first MAX_KERNEL_FRAMES words of `frames`.
-        let written = unsafe {
-            bpf_get_stack(
-                ctx.as_ptr(),
-                record.frames.as_mut_ptr().cast(),
-                (MAX_KERNEL_FRAMES * 8) as u32,
-                0,
-            )
-        };
-        if written < 0 {
-            count(Counter::KernelStackFailed);
-            record.header.kernel_frames = 0;
-        } else {
-            record.header.kernel_frames = (written as u32) / 8;
-        }
-    }
-    let user = if user_mode {
-        Some(Registers {
-            ip: regs.rip,
-            sp: regs.rsp,
-            bp: regs.rbp,
-        })
-    } else {
-        record.header.flags |= flags::KERNEL_MODE;
-        let from_task = task::user_registers();
-        if from_task.is_some() {
-            count(Counter::UserRegistersFromTask);
-        }
-        from_task
-    };
-    scratch.state.tail_calls = 0;
-    scratch.state.dwarf_frames = 0;
-    scratch.state.frame_pointer_frames = 0;
-    scratch.state.resume = icecore_unwinders::runtime::resume::FRESH;
-    scratch.state.deferred_program = 0;
-    scratch.state.native_done = 0;
-    scratch.state.runtimes.reset();
-    scratch.stack.clear();
-    let Some(registers) = user else {
-        count(Counter::NoUserRegisters);
-        scratch.record.header.flags |= flags::NO_USER_REGISTERS;
-        // Emitted in place, so that the one tail call below has a constant
-        // index: the JIT patches a direct jump for it, where a variable index
-        // costs an indirect jump (a retpoline on most hosts).
-        emit::emit(scratch);
-        return 0;
-    };
-    scratch.state.registers = registers;
-    // SAFETY: the program array holds programs of this same type.
-    unsafe { PROGRAMS.tail_call(&ctx, ProgramIndex::NativeUnwinder as u32) };
-    count(Counter::TailCallFailed);
+    let in_user_code = regs.cs & chain::USER_MODE_RPL == chain::USER_MODE_RPL;
+    start::sample(&ctx, pid_tgid, user, in_user_code, 0);
     0
 }
 
-/// The registers of the code the perf event interrupted.
-fn interrupted_registers(ctx: &PerfEventContext) -> aya_ebpf::bindings::pt_regs {
-    // SAFETY: a perf-event context always points at bpf_perf_event_data; the
-    // verifier allows reading its `regs`.
-    unsafe { (*ctx.ctx).regs }
-}
+/// Builds the unwinders of both chains: `$name` as a perf-event program
+/// (CPU samples) and `$off_cpu_name` as a raw tracepoint program, the type
+/// of the off-CPU entry, as tail calls require.
+macro_rules! unwinder {
+    ($name:ident, $off_cpu_name:ident, $body:path) => {
+        #[perf_event]
+        pub fn $name(ctx: PerfEventContext) -> u32 {
+            $body(&ctx)
+        }
 
-#[perf_event]
-pub fn unwind_native(ctx: PerfEventContext) -> u32 {
-    native::unwind::<false>(&ctx)
-}
-
-#[perf_event]
-pub fn unwind_native_resumed(ctx: PerfEventContext) -> u32 {
-    native::unwind::<true>(&ctx)
-}
-
-#[perf_event]
-pub fn unwind_python(ctx: PerfEventContext) -> u32 {
-    runtimes::python::unwind(&ctx)
-}
-
-#[perf_event]
-pub fn unwind_ruby(ctx: PerfEventContext) -> u32 {
-    runtimes::ruby::unwind(&ctx)
-}
-
-#[perf_event]
-pub fn unwind_hotspot(ctx: PerfEventContext) -> u32 {
-    runtimes::hotspot::unwind(&ctx)
-}
-
-#[perf_event]
-pub fn unwind_v8(ctx: PerfEventContext) -> u32 {
-    runtimes::v8::unwind(&ctx)
-}
-
-#[perf_event]
-pub fn unwind_php(ctx: PerfEventContext) -> u32 {
-    runtimes::php::unwind(&ctx)
-}
-
-#[perf_event]
-pub fn emit_sample(_ctx: PerfEventContext) -> u32 {
-    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
-        count(Counter::ScratchUnavailable);
-        return 0;
+        #[raw_tracepoint(tracepoint = "sched_switch")]
+        pub fn $off_cpu_name(ctx: RawTracePointContext) -> u32 {
+            $body(&ctx)
+        }
     };
-    // SAFETY: per-CPU value owned by this CPU's tail-call chain.
-    emit::emit(unsafe { &mut *scratch });
+}
+
+unwinder!(unwind_native, off_cpu_unwind_native, native::unwind_fresh);
+unwinder!(
+    unwind_native_resumed,
+    off_cpu_unwind_native_resumed,
+    native::unwind_resumed
+);
+unwinder!(
+    unwind_python,
+    off_cpu_unwind_python,
+    runtimes::python::unwind
+);
+unwinder!(unwind_ruby, off_cpu_unwind_ruby, runtimes::ruby::unwind);
+unwinder!(
+    unwind_hotspot,
+    off_cpu_unwind_hotspot,
+    runtimes::hotspot::unwind
+);
+unwinder!(unwind_v8, off_cpu_unwind_v8, runtimes::v8::unwind);
+unwinder!(unwind_php, off_cpu_unwind_php, runtimes::php::unwind);
+unwinder!(emit_sample, off_cpu_emit_sample, emit::emit_program);
+
+/// A context switch: the end of `next`'s wait, the start of `prev`'s.
+/// A raw tracepoint rather than `tp_btf`: the unwinders it tail-calls must
+/// be of its type, and `tp_btf` programs may only tail-call programs of the
+/// same attach target on recent kernels, where raw tracepoints load alike
+/// on every kernel icecore supports.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn off_cpu_switch(ctx: RawTracePointContext) -> u32 {
+    off_cpu::on_switch(&ctx);
     0
 }
 

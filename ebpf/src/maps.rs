@@ -1,11 +1,11 @@
 //! Maps shared by the programs, and the counter helper.
 
-use aya_ebpf::programs::PerfEventContext;
+use crate::chain::Chain;
 use aya_ebpf::{
     bindings::{BPF_F_INNER_MAP, BPF_F_MMAPABLE},
     btf_maps::{Array, ArrayOfMaps, RingBuf as BtfRingBuf},
     macros::{btf_map, map},
-    maps::{Array as LegacyArray, HashMap, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array as LegacyArray, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use icecore_unwinders::{
     COUNTER_COUNT, Counter, MAX_TAIL_CALLS, ProgramIndex, UnwindScratch, UnwindState,
@@ -96,6 +96,23 @@ pub static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(PROGRAM_COUNT
 #[map]
 pub static SCRATCH: PerCpuArray<UnwindScratch> = PerCpuArray::with_max_entries(1, 0);
 
+/// Tail-call targets of off-CPU samples: the unwinders built as probes,
+/// indexed by `ProgramIndex` as `PROGRAMS` is.
+#[map]
+pub static OFF_CPU_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(PROGRAM_COUNT, 0);
+
+/// The off-CPU sample being built on each CPU: its own space, as a CPU
+/// sample's chain may be under way on the CPU when the switch-in probe runs.
+#[map]
+pub static OFF_CPU_SCRATCH: PerCpuArray<UnwindScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Thread id → `bpf_ktime_get_ns()` when a sampled thread went off CPU.
+/// An LRU map: a thread that exits while off CPU leaves an entry, which
+/// ages out rather than filling the map. User space sizes it (one entry
+/// when off-CPU profiling is off).
+#[map]
+pub static OFF_CPU_STARTS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(65_536, 0);
+
 /// One counter per `Counter`.
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
@@ -168,14 +185,14 @@ pub fn is_profiled(pid: u32) -> bool {
 /// only when it did not: out of budget (false), or the call failed (true,
 /// counted), in which case the caller must stop without emitting.
 #[inline(always)]
-pub fn continue_in(ctx: &PerfEventContext, state: &mut UnwindState, program: ProgramIndex) -> bool {
+pub fn continue_in<C: Chain>(ctx: &C, state: &mut UnwindState, program: ProgramIndex) -> bool {
     if u32::from(state.tail_calls) >= MAX_TAIL_CALLS {
         return false;
     }
     state.tail_calls += 1;
     // SAFETY: every slot holds a perf-event program; with `program` a
     // constant after inlining, the JIT patches a direct jump.
-    unsafe { PROGRAMS.tail_call(ctx, program as u32) };
+    unsafe { C::programs().tail_call(ctx, program as u32) };
     count(Counter::TailCallFailed);
     true
 }

@@ -7,9 +7,9 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{
-    helpers::{bpf_probe_read_user, generated::bpf_probe_read_user as probe_read_user_block},
-    programs::PerfEventContext,
+use crate::chain::Chain;
+use aya_ebpf::helpers::{
+    bpf_probe_read_user, generated::bpf_probe_read_user as probe_read_user_block,
 };
 use icecore_unwinders::{
     BlockReader, Counter, Dispatch, MAX_TAIL_CALLS, MemoryReader, ProgramIndex, Registers,
@@ -24,8 +24,7 @@ use icecore_unwinders::{
 };
 
 use crate::maps::{
-    PROCESS_MAPPINGS, PROCESS_SLOTS, SCRATCH, UNKNOWN_PROCESS_POLICY, UNWIND_TABLES, continue_in,
-    count,
+    PROCESS_MAPPINGS, PROCESS_SLOTS, UNKNOWN_PROCESS_POLICY, UNWIND_TABLES, continue_in, count,
 };
 
 /// Frames walked per program run; tail calls continue. Each frame costs the
@@ -174,8 +173,8 @@ fn table_at(slot: u32) -> Option<&'static ProcessMappingTable> {
 /// (`NativeUnwinder`, every sample's first program) the resume logic folds
 /// away, and a frame costs what it cost before runtimes could hand back.
 #[inline(always)]
-pub fn unwind<const RESUMABLE: bool>(ctx: &PerfEventContext) -> u32 {
-    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+pub fn unwind<C: Chain, const RESUMABLE: bool>(ctx: &C) -> u32 {
+    let Some(scratch) = C::scratch_space().get_ptr_mut(0) else {
         count(Counter::ScratchUnavailable);
         return 0;
     };
@@ -345,4 +344,16 @@ pub fn unwind<const RESUMABLE: bool>(ctx: &PerfEventContext) -> u32 {
     // Emitting here rather than in `emit_sample` saves a tail call.
     crate::emit::emit(scratch);
     0
+}
+
+/// [`ProgramIndex::NativeUnwinder`]'s program.
+#[inline(always)]
+pub fn unwind_fresh<C: Chain>(ctx: &C) -> u32 {
+    unwind::<C, false>(ctx)
+}
+
+/// [`ProgramIndex::NativeResumed`]'s program.
+#[inline(always)]
+pub fn unwind_resumed<C: Chain>(ctx: &C) -> u32 {
+    unwind::<C, true>(ctx)
 }

@@ -287,6 +287,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
         let mut out = DecodedSample {
             stack,
             count: values.first().copied().unwrap_or(0).max(0) as u64,
+            nanos: values.get(1).copied().unwrap_or(0).max(0) as u64,
             ..Default::default()
         };
         for label in messages(smp, "label") {

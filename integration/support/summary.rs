@@ -56,8 +56,12 @@ pub struct DecodedSample {
     pub thread_id: Option<i64>,
     /// Frames, leaf first; inlined functions expanded innermost first.
     pub stack: Vec<Frame>,
-    /// Number of CPU samples this record stands for.
+    /// Number of samples this record stands for.
     pub count: u64,
+    /// The samples' time in nanoseconds where the profile gives it per
+    /// sample: pprof's second value, the values of an OTLP sample that has
+    /// timestamps too (off-CPU waits); 0 otherwise.
+    pub nanos: u64,
     /// Per-sample timestamps (OTLP only), Unix epoch nanoseconds.
     pub timestamps: Vec<u64>,
     /// OTLP resource `container.id`, pprof label `container_id`.

@@ -283,6 +283,10 @@ pub struct SampleGroup {
     /// Labels of these samples beyond their process's (relabeling by
     /// thread or CPU): OTLP sample attributes, pprof sample labels.
     pub labels: Labels,
+    /// In a batch of weighted samples ([`ProfileKind::OffCpu`],
+    /// [`ProfileKind::WallClock`]): each
+    /// sample's weight in nanoseconds, one per timestamp; empty otherwise.
+    pub weights_nanos: Vec<u64>,
 }
 
 impl SampleGroup {
@@ -302,6 +306,39 @@ impl SampleGroup {
             count,
             cpu: None,
             labels: Labels::default(),
+            weights_nanos: Vec::new(),
+        }
+    }
+
+    /// A group of timed samples, each of its own weight: `samples` holds
+    /// (timestamp, nanoseconds) pairs.
+    pub fn weighted(
+        stack: Stack,
+        thread_id: u32,
+        thread_name: Arc<str>,
+        samples: &[(u64, u64)],
+    ) -> Self {
+        Self {
+            weights_nanos: samples.iter().map(|&(_, weight)| weight).collect(),
+            ..Self::timed(
+                stack,
+                thread_id,
+                thread_name,
+                samples.iter().map(|&(t, _)| t).collect(),
+            )
+        }
+    }
+
+    /// The group's nanoseconds: its weights' sum when weighted, otherwise
+    /// its count times `period_nanos`.
+    pub fn total_nanos(&self, period_nanos: i64) -> u64 {
+        if self.weights_nanos.is_empty() {
+            self.count
+                .saturating_mul(u64::try_from(period_nanos).unwrap_or(0))
+        } else {
+            self.weights_nanos
+                .iter()
+                .fold(0u64, |sum, w| sum.saturating_add(*w))
         }
     }
 
@@ -326,9 +363,40 @@ pub struct ProcessProfile {
     pub samples: Vec<SampleGroup>,
 }
 
-/// One reporting interval of CPU samples from every process.
+/// What a batch's samples measure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ProfileKind {
+    /// CPU time: each sample stands for one sampling period on CPU.
+    #[default]
+    Cpu,
+    /// Time threads waited off CPU: each sample weighs the nanoseconds one
+    /// recorded wait lasted, scaled by `one_in` ([`SampleGroup::weights_nanos`]).
+    OffCpu {
+        /// Context switches per recorded one (1 / the sampling probability).
+        one_in: u64,
+    },
+    /// Wall-clock time per thread: its CPU samples (one period each) and
+    /// its off-CPU waits together, every sample weighted in nanoseconds.
+    WallClock,
+}
+
+impl ProfileKind {
+    /// The profile's name: the `__name__` of its series, the type of its
+    /// sample values.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ProfileKind::Cpu => "cpu",
+            ProfileKind::OffCpu { .. } => "off_cpu",
+            ProfileKind::WallClock => "wall",
+        }
+    }
+}
+
+/// One reporting interval of samples of one [`ProfileKind`] from every process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProfileBatch {
+    /// What the samples measure.
+    pub kind: ProfileKind,
     /// Start of the window, Unix epoch nanoseconds.
     pub start_unix_nanos: u64,
     /// Length of the window in nanoseconds; every timestamp lies in
@@ -358,7 +426,8 @@ impl ProfileBatch {
 impl ProfileBatch {
     /// Adds `other`'s samples: its processes join this batch's (a process
     /// already here gets the other's sample groups), and the window grows to
-    /// cover both. The period stays this batch's unless it has none.
+    /// cover both (the batches must be of one kind). The period stays this
+    /// batch's unless it has none.
     pub fn merge(&mut self, other: ProfileBatch) {
         let end = (self.start_unix_nanos.saturating_add(self.duration_nanos))
             .max(other.start_unix_nanos.saturating_add(other.duration_nanos));
@@ -474,8 +543,8 @@ impl ProfileBatch {
     /// one batch over that window (for a pull of "the next N seconds").
     /// Untimed groups count as taken at their batch's start.
     /// Processes and sample groups are concatenated, not merged: encoders
-    /// deduplicate stacks anyway. `period_nanos` and `host_name` come from
-    /// the first batch.
+    /// deduplicate stacks anyway. `kind`, `period_nanos` and `host_name`
+    /// come from the first batch: the batches must be of one kind.
     pub fn window_of(batches: &[Arc<ProfileBatch>], start: u64, end: u64) -> ProfileBatch {
         let mut processes: Vec<ProcessProfile> = Vec::new();
         for batch in batches {
@@ -489,15 +558,20 @@ impl ProfileBatch {
                                 .contains(&batch.start_unix_nanos)
                                 .then(|| group.clone());
                         }
-                        let timestamps: Vec<u64> = group
-                            .timestamps_unix_nanos
-                            .iter()
-                            .copied()
-                            .filter(|t| (start..end).contains(t))
+                        let inside =
+                            |i: &usize| (start..end).contains(&group.timestamps_unix_nanos[*i]);
+                        let kept: Vec<usize> = (0..group.timestamps_unix_nanos.len())
+                            .filter(inside)
                             .collect();
-                        (!timestamps.is_empty()).then(|| SampleGroup {
-                            count: timestamps.len() as u64,
-                            timestamps_unix_nanos: timestamps,
+                        let pick = |values: &[u64]| -> Vec<u64> {
+                            kept.iter()
+                                .filter_map(|&i| values.get(i).copied())
+                                .collect()
+                        };
+                        (!kept.is_empty()).then(|| SampleGroup {
+                            count: kept.len() as u64,
+                            timestamps_unix_nanos: pick(&group.timestamps_unix_nanos),
+                            weights_nanos: pick(&group.weights_nanos),
                             ..group.clone()
                         })
                     })
@@ -516,6 +590,7 @@ impl ProfileBatch {
         }
         let first = batches.first();
         ProfileBatch {
+            kind: first.map(|b| b.kind).unwrap_or_default(),
             start_unix_nanos: start,
             duration_nanos: end.saturating_sub(start),
             period_nanos: first.map_or(0, |b| b.period_nanos),

@@ -119,6 +119,7 @@ pub(crate) fn batch() -> ProfileBatch {
         ..ProcessInfo::default()
     };
     ProfileBatch {
+        kind: crate::model::ProfileKind::Cpu,
         start_unix_nanos: START,
         duration_nanos: DURATION,
         period_nanos: PERIOD,
@@ -157,4 +158,19 @@ pub(crate) fn batch() -> ProfileBatch {
             },
         ],
     }
+}
+
+/// [`batch`] as an off-CPU batch recorded at 1 in 100 switches: every
+/// sample weighs 1 ms times its position in its group, plus one.
+pub(crate) fn off_cpu_batch() -> ProfileBatch {
+    let mut batch = batch();
+    batch.kind = crate::model::ProfileKind::OffCpu { one_in: 100 };
+    for process in &mut batch.processes {
+        for group in &mut process.samples {
+            group.weights_nanos = (1..=group.timestamps_unix_nanos.len() as u64)
+                .map(|i| i * 1_000_000)
+                .collect();
+        }
+    }
+    batch
 }

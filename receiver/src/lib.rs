@@ -20,6 +20,7 @@ pub mod kernel_btf;
 pub mod map_memory;
 pub mod metadata;
 pub mod native_unwind;
+pub mod off_cpu_join;
 pub mod process_maps;
 pub mod process_pages;
 pub mod processes;
@@ -37,5 +38,5 @@ pub mod unwind_table;
 pub(crate) mod test_support;
 
 pub use icecore_unwinders::Counter;
-pub use profiler::{CpuProfiler, ProfilerOptions, ProfilerStats};
-pub use sampler::{SamplerError, SamplerOptions};
+pub use profiler::{CpuProfiler, OffCpuStats, ProfilerOptions, ProfilerStats};
+pub use sampler::{OffCpuOptions, SamplerError, SamplerOptions};

@@ -11,7 +11,7 @@ use std::{
 };
 
 use icecore_otlp::model::ProfileBatch;
-use icecore_unwinders::Counter;
+use icecore_unwinders::{Counter, sample::flags};
 use tokio::{io::unix::AsyncFd, sync::mpsc, time::MissedTickBehavior};
 use tracing::{debug, info, warn};
 
@@ -22,6 +22,7 @@ use crate::{
     host,
     metadata::{docker::DockerNames, kubernetes, pods::SharedPods},
     native_unwind::{DEFAULT_MAX_TABLE_BYTES, NativeUnwindInfo},
+    off_cpu_join::{OffCpuJoin, PendingWait, WaitEnd},
     processes::ProcessTable,
     record::RawSample,
     runtimes::Runtimes,
@@ -35,7 +36,7 @@ mod lifecycle;
 mod options;
 mod runtime_setup;
 
-pub use options::{ProfilerOptions, ProfilerStats, RuntimeState};
+pub use options::{OffCpuStats, ProfilerOptions, ProfilerStats, RuntimeState};
 
 use lifecycle::apply_lifecycle;
 use runtime_setup::start_runtimes;
@@ -72,6 +73,8 @@ pub struct CpuProfiler {
     lost_at_last_batch: u64,
     /// Reads new images right after their exec; `None` when it could not start.
     exec_watcher: Option<ExecWatcher>,
+    /// Off-CPU waits whose start was read, until their end comes.
+    off_cpu: OffCpuJoin,
 }
 
 /// A duplicate of the ring buffer's fd, owned by the reactor registration.
@@ -162,7 +165,11 @@ impl CpuProfiler {
             runtimes,
             processes,
             symbolizer: Symbolizer::new(options.symbolizer),
-            aggregator: Aggregator::new(options.max_samples_per_interval),
+            aggregator: Aggregator::new(
+                options.max_samples_per_interval,
+                options.sampler.off_cpu.map(|o| o.probability),
+                options.wall_clock,
+            ),
             clock: MonotonicToUnix::measure(),
             host_name: Arc::from(host::host_name()),
             period_nanos: 1_000_000_000 / hz,
@@ -175,6 +182,7 @@ impl CpuProfiler {
             lost_in_bpf: 0,
             lost_at_last_batch: 0,
             exec_watcher,
+            off_cpu: OffCpuJoin::default(),
         })
     }
 
@@ -195,6 +203,7 @@ impl CpuProfiler {
             clock,
             stats,
             exec_watcher,
+            off_cpu,
             ..
         } = self;
         // Lifecycle first: the exec thread reads an image right after its
@@ -220,6 +229,16 @@ impl CpuProfiler {
         let mut malformed = 0u64;
         let mut excluded = 0u64;
         let n = sampler.drain(|bytes| match RawSample::decode(bytes) {
+            Ok(sample) if sample.header.flags & flags::OFF_CPU_END != 0 => {
+                let end = WaitEnd {
+                    tid: sample.header.tid,
+                    start_ktime_ns: sample.header.ktime_ns,
+                    off_cpu_ns: sample.header.off_cpu_ns,
+                };
+                if let Some(joined) = off_cpu.end(end) {
+                    joined.add_to(aggregator, clock);
+                }
+            }
             Ok(sample) => {
                 let pid = sample.header.pid;
                 let comm = String::from_utf8_lossy(sample.comm());
@@ -262,13 +281,26 @@ impl CpuProfiler {
                     runtimes.observe(pid, &words);
                 }
                 let image = processes.image_at(pid, sample.header.ktime_ns);
-                aggregator.add(&sample, clock.to_unix(sample.header.ktime_ns), image);
+                if sample.header.flags & flags::OFF_CPU != 0 {
+                    let wait = PendingWait {
+                        pid,
+                        start_ktime_ns: sample.header.ktime_ns,
+                        image,
+                        record: bytes.into(),
+                    };
+                    off_cpu.start(sample.header.tid, wait);
+                } else {
+                    aggregator.add(&sample, clock.to_unix(sample.header.ktime_ns), image);
+                }
             }
             Err(e) => {
                 malformed += 1;
                 debug!("dropping ring-buffer record: {e}");
             }
         });
+        for joined in off_cpu.after_drain() {
+            joined.add_to(aggregator, clock);
+        }
         if let Some(native) = native.as_mut() {
             // Runtimes that could not describe a process at its first
             // sample (a JVM still starting) try again.
@@ -318,8 +350,9 @@ impl CpuProfiler {
         n
     }
 
-    /// Drains, then cuts the batch of the interval that ends now.
-    pub fn take_batch(&mut self) -> ProfileBatch {
+    /// Drains, then cuts the batches of the interval that ends now: CPU,
+    /// then off-CPU when it is on.
+    pub fn take_batches(&mut self) -> Vec<ProfileBatch> {
         // Exits seen before the drain: every sample of those processes is
         // in the ring now, so the drain reads them all and they are
         // symbolized with what is known of the process before it is dropped.
@@ -340,7 +373,7 @@ impl CpuProfiler {
             host: icecore_otlp::model::HostInfo::this_host(),
         };
         self.window_start = now;
-        let (batch, interval) = self.aggregator.take_batch(
+        let (batches, interval) = self.aggregator.take_batches(
             window,
             &mut self.processes,
             &mut self.symbolizer,
@@ -351,6 +384,7 @@ impl CpuProfiler {
         // which the batch above did.
         self.processes.end_batch();
         for &pid in &exited {
+            self.off_cpu.forget_process(pid);
             self.processes.forget(pid);
             self.runtimes.detach(pid);
             if let Some(native) = self.native.as_mut() {
@@ -360,7 +394,7 @@ impl CpuProfiler {
         let exited = exited.len();
         self.clock = MonotonicToUnix::measure();
         self.record_interval(interval, exited);
-        batch
+        batches
     }
 
     fn record_interval(&mut self, interval: IntervalStats, exited: usize) {
@@ -377,6 +411,9 @@ impl CpuProfiler {
             return;
         };
         stats.samples_reported += interval.samples as u64;
+        if let Some(off_cpu) = stats.off_cpu.as_mut() {
+            off_cpu.reported += interval.off_cpu_waits as u64;
+        }
         stats.samples_dropped += interval.dropped;
         stats.samples_relabel_dropped += interval.relabel_dropped;
         stats.batches += 1;
@@ -429,6 +466,12 @@ impl CpuProfiler {
             stats.exec_events_dropped = exec.dropped.load(std::sync::atomic::Ordering::Relaxed);
         }
         stats.native = native;
+        if self.sampler.off_cpu_enabled() {
+            let off_cpu = stats.off_cpu.get_or_insert_default();
+            off_cpu.join = self.off_cpu.stats();
+            off_cpu.pending = self.off_cpu.pending();
+            off_cpu.bpf_cost = self.sampler.off_cpu_cost().unwrap_or_default();
+        }
         if let Some(held) = held_map_bytes {
             stats.bpf_map_bytes = held + stats.native.inner_map_bytes;
         }
@@ -487,15 +530,13 @@ impl CpuProfiler {
                     self.drain();
                 }
                 _ = report.tick() => {
-                    let batch = self.take_batch();
-                    if batches.send(batch).await.is_err() {
+                    if !send_all(&batches, self.take_batches()).await {
                         warn!("no sink is listening any more; stopping");
                         break;
                     }
                 }
                 () = cut_now.notified() => {
-                    let batch = self.take_batch();
-                    if batches.send(batch).await.is_err() {
+                    if !send_all(&batches, self.take_batches()).await {
                         warn!("no sink is listening any more; stopping");
                         break;
                     }
@@ -507,12 +548,24 @@ impl CpuProfiler {
         if let Err(e) = self.sampler.stop_sampling() {
             warn!("could not stop sampling before the final batch: {e}");
         }
-        let batch = self.take_batch();
-        if batches.send(batch).await.is_err() {
+        if !send_all(&batches, self.take_batches()).await {
             warn!("the final batch had no sink to go to");
         }
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
+}
+
+/// Sends each batch; false once the sinks are gone.
+async fn send_all(
+    sender: &tokio::sync::mpsc::Sender<ProfileBatch>,
+    batches: Vec<ProfileBatch>,
+) -> bool {
+    for batch in batches {
+        if sender.send(batch).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 async fn wait_notified(notify: Option<&tokio::sync::Notify>) {

@@ -113,7 +113,7 @@ mod tests {
             flags: 0,
             kernel_frames: kernel.len() as u32,
             user_words: user.len() as u32,
-            reserved: [0; 2],
+            off_cpu_ns: 0,
             comm: c,
         };
         // SAFETY: test-only view of a POD header as bytes.

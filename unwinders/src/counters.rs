@@ -12,7 +12,7 @@
 pub enum Counter {
     /// perf events that ran the entry program.
     Samples = 0,
-    /// Samples written to the ring buffer.
+    /// CPU samples written to the ring buffer.
     Emitted = 1,
     /// Samples of the idle task (pid 0), not reported.
     Idle = 2,
@@ -119,10 +119,24 @@ pub enum Counter {
     /// The native unwinder ran the PHP unwinder for a process that has no
     /// `PHP_PROCESSES` entry.
     PhpProcessMissing = 44,
+    /// Off-CPU starts written to the ring buffer: a thread blocked, the
+    /// switch was picked and its stack taken (CPU samples count as
+    /// `Emitted`).
+    OffCpuSamples = 45,
+    /// Sampled waits shorter than the minimum duration: no end record.
+    OffCpuShort = 46,
+    /// A sent off-CPU start could not be noted for its end: the update of
+    /// the map of threads off CPU failed (an LRU map evicts its least
+    /// recently used entry rather than fail, so this is rare).
+    OffCpuMapFull = 47,
+    /// Off-CPU samples of kernel threads (no user registers), not emitted.
+    OffCpuKernelThread = 48,
+    /// Off-CPU end records written to the ring buffer.
+    OffCpuEnds = 49,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 45;
+pub const COUNTER_COUNT: u32 = 50;
 
 impl Counter {
     /// Every counter, in index order.
@@ -172,6 +186,11 @@ impl Counter {
         Counter::PhpReadFailed,
         Counter::PhpStackTruncated,
         Counter::PhpProcessMissing,
+        Counter::OffCpuSamples,
+        Counter::OffCpuShort,
+        Counter::OffCpuMapFull,
+        Counter::OffCpuKernelThread,
+        Counter::OffCpuEnds,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -222,6 +241,11 @@ impl Counter {
             Counter::PhpReadFailed => "php_read_failed",
             Counter::PhpStackTruncated => "php_stack_truncated",
             Counter::PhpProcessMissing => "php_process_missing",
+            Counter::OffCpuSamples => "off_cpu_samples",
+            Counter::OffCpuShort => "off_cpu_short",
+            Counter::OffCpuMapFull => "off_cpu_map_full",
+            Counter::OffCpuKernelThread => "off_cpu_kernel_thread",
+            Counter::OffCpuEnds => "off_cpu_ends",
         }
     }
 }

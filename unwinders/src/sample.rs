@@ -36,6 +36,12 @@ pub mod flags {
     pub const INTERPRETER_TRUNCATED: u32 = 1 << 4;
     /// A runtime's walk stopped on unreadable memory.
     pub const INTERPRETER_INCOMPLETE: u32 = 1 << 5;
+    /// The start of an off-CPU wait: the stack the thread blocked with, at
+    /// `ktime_ns`, the time it blocked. Its weight comes with the end record.
+    pub const OFF_CPU: u32 = 1 << 6;
+    /// The end of an off-CPU wait: a header alone, for the thread `tid`
+    /// whose wait began at `ktime_ns` and lasted `off_cpu_ns`.
+    pub const OFF_CPU_END: u32 = 1 << 7;
 }
 
 /// Fixed part of a sample.
@@ -57,8 +63,9 @@ pub struct SampleHeader {
     /// User words after the kernel frames: native frames' addresses and
     /// runtimes' tagged words, in walk order (see [`crate::runtime`]).
     pub user_words: u32,
-    /// Zero.
-    pub reserved: [u32; 2],
+    /// For the end of an off-CPU wait ([`flags::OFF_CPU_END`]): how long
+    /// the thread was off CPU, in nanoseconds; zero otherwise.
+    pub off_cpu_ns: u64,
     /// Thread name (`comm`), NUL-padded.
     pub comm: [u8; 16],
 }

@@ -6,7 +6,7 @@
 //! call stub's caller, or native code a JNI method called) and hands the
 //! registers back, so the native frames around Java code stay in place.
 
-use aya_ebpf::programs::PerfEventContext;
+use crate::chain::Chain;
 use icecore_unwinders::{
     Counter, ProgramIndex, WindowedReader, hotspot::HotSpotStep, runtime::resume, sample::flags,
 };
@@ -23,8 +23,8 @@ const FRAMES_PER_PROGRAM: usize = 24;
 // Written out rather than built on `handover_start`/`handover_end` (as
 // V8's is): with them, LLVM reloads an undefined Option payload from a
 // stack slot never written, which the 5.10 verifier refuses.
-pub fn unwind(ctx: &PerfEventContext) -> u32 {
-    let Some(scratch) = scratch(ProgramIndex::HotSpot) else {
+pub fn unwind<C: Chain>(ctx: &C) -> u32 {
+    let Some(scratch) = scratch::<C>(ProgramIndex::HotSpot) else {
         return 0;
     };
     if scratch.state.native_done != 0 {

@@ -9,14 +9,16 @@ pub mod python;
 pub mod ruby;
 pub mod v8;
 
-use aya_ebpf::{maps::HashMap, programs::PerfEventContext};
+use aya_ebpf::maps::HashMap;
+
+use crate::chain::Chain;
 use icecore_unwinders::{
     Counter, ProgramIndex, SampleRecord, UnwindScratch,
     runtime::resume,
     sample::{MAX_FRAMES, flags},
 };
 
-use crate::maps::{SCRATCH, continue_in, count};
+use crate::maps::{continue_in, count};
 
 /// The program slot whose program must fail verification, for tests of a
 /// runtime the kernel rejects; `u32::MAX` for none. Set at load time.
@@ -25,7 +27,7 @@ static REJECTED_PROGRAM: u32 = u32::MAX;
 
 /// The scratch space of the sample being built: a runtime program's prologue.
 #[inline(always)]
-pub fn scratch(program: ProgramIndex) -> Option<&'static mut UnwindScratch> {
+pub fn scratch<C: Chain>(program: ProgramIndex) -> Option<&'static mut UnwindScratch> {
     // SAFETY: a plain load of a load-time constant.
     let rejected = unsafe { core::ptr::read_volatile(&REJECTED_PROGRAM) };
     if rejected == program as u32 {
@@ -35,7 +37,7 @@ pub fn scratch(program: ProgramIndex) -> Option<&'static mut UnwindScratch> {
         // SAFETY: never runs; the verifier rejects the program first.
         let _ = unsafe { core::ptr::read_volatile(u64::from(rejected) as *const u64) };
     }
-    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+    let Some(scratch) = C::scratch_space().get_ptr_mut(0) else {
         count(Counter::ScratchUnavailable);
         return None;
     };
@@ -50,8 +52,8 @@ pub fn scratch(program: ProgramIndex) -> Option<&'static mut UnwindScratch> {
 /// is over (also when it had to be cut here) and the program walks its stack.
 /// One walk of the whole interpreter stack keeps the per-frame loop minimal.
 #[inline(always)]
-pub fn run_after_native_walk(
-    ctx: &PerfEventContext,
+pub fn run_after_native_walk<C: Chain>(
+    ctx: &C,
     scratch: &mut UnwindScratch,
     program: ProgramIndex,
 ) -> bool {
@@ -113,7 +115,7 @@ pub fn append_words(record: &mut SampleRecord, first: u64, second: u64) {
 /// sample is emitted; during it the native unwinder resumes, stepping the
 /// frame the runtime's words stand for (`resume::STEP_ONLY`).
 #[inline(always)]
-pub fn finish(ctx: &PerfEventContext, scratch: &mut UnwindScratch) {
+pub fn finish<C: Chain>(ctx: &C, scratch: &mut UnwindScratch) {
     if scratch.state.native_done == 0 {
         scratch.state.resume = resume::STEP_ONLY;
         if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeResumed) {
@@ -134,13 +136,13 @@ pub fn finish(ctx: &PerfEventContext, scratch: &mut UnwindScratch) {
     clippy::mut_from_ref,
     reason = "the scratch space is this CPU's map value, not borrowed from `processes`"
 )]
-pub fn handover_start<T>(
-    ctx: &PerfEventContext,
+pub fn handover_start<C: Chain, T>(
+    ctx: &C,
     program: ProgramIndex,
     processes: &'static HashMap<u32, T>,
     missing: Counter,
 ) -> Option<(&'static mut UnwindScratch, &'static T)> {
-    let scratch = scratch(program)?;
+    let scratch = scratch::<C>(program)?;
     if scratch.state.native_done != 0 {
         // Only handovers run these programs; nothing is left to walk.
         crate::emit::emit(scratch);
@@ -182,8 +184,8 @@ impl HandoverEnd {
 /// walked is handed to the native unwinder rather than sent without a
 /// frame.
 #[inline(always)]
-pub fn handover_end(
-    ctx: &PerfEventContext,
+pub fn handover_end<C: Chain>(
+    ctx: &C,
     scratch: &mut UnwindScratch,
     program: ProgramIndex,
     end: HandoverEnd,
@@ -210,7 +212,7 @@ pub fn handover_end(
 /// runtime: `how` is `resume::FRESH` at native code the runtime's frames
 /// were called from, or `resume::NATIVE` when the frame was declined.
 #[inline(always)]
-pub fn hand_back(ctx: &PerfEventContext, scratch: &mut UnwindScratch, how: u8) {
+pub fn hand_back<C: Chain>(ctx: &C, scratch: &mut UnwindScratch, how: u8) {
     scratch.state.resume = how;
     if continue_in(ctx, &mut scratch.state, ProgramIndex::NativeResumed) {
         return;
@@ -226,14 +228,14 @@ pub fn hand_back(ctx: &PerfEventContext, scratch: &mut UnwindScratch, how: u8) {
 /// (false), or its slot is empty (true, counted), in which case the caller
 /// carries on without it.
 #[inline(always)]
-pub fn hand_to(ctx: &PerfEventContext, scratch: &mut UnwindScratch, program: u32) -> bool {
+pub fn hand_to<C: Chain>(ctx: &C, scratch: &mut UnwindScratch, program: u32) -> bool {
     let state = &mut scratch.state;
     if u32::from(state.tail_calls) >= icecore_unwinders::MAX_TAIL_CALLS {
         return false;
     }
     state.tail_calls += 1;
     // SAFETY: every filled slot holds a perf-event program.
-    unsafe { crate::maps::PROGRAMS.tail_call(ctx, program) };
+    unsafe { C::programs().tail_call(ctx, program) };
     // The slot is empty: the runtime's program did not load.
     state.tail_calls -= 1;
     count(Counter::RuntimeProgramMissing);

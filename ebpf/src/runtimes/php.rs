@@ -7,7 +7,6 @@
 //! declares it a PC in `execute_ex`'s body and hands it back, so that it is
 //! recorded and stepped as that frame.
 
-use aya_ebpf::programs::PerfEventContext;
 use icecore_unwinders::{
     Counter, ProgramIndex, WindowedReader,
     php::{MAX_PHP_FRAMES, PhpProcess, PhpStep, TAGS, word},
@@ -17,6 +16,7 @@ use icecore_unwinders::{
 
 use super::{append_word, append_words, finish, hand_back, has_room, scratch};
 use crate::{
+    chain::Chain,
     maps::{PHP_PROCESSES, continue_in, count, count_n},
     native::UserMemory,
 };
@@ -29,11 +29,8 @@ const FRAMES_PER_PROGRAM: usize = 32;
 /// stack, so one copy often serves several frames.
 const READ_BLOCK_BYTES: u32 = 512;
 
-/// The user-mode bits of the interrupted code segment selector.
-const USER_MODE_RPL: u64 = 3;
-
-pub fn unwind(ctx: &PerfEventContext) -> u32 {
-    let Some(scratch) = scratch(ProgramIndex::Php) else {
+pub fn unwind<C: Chain>(ctx: &C) -> u32 {
+    let Some(scratch) = scratch::<C>(ProgramIndex::Php) else {
         return 0;
     };
     let pid = scratch.record.header.pid;
@@ -123,11 +120,7 @@ pub fn unwind(ctx: &PerfEventContext) -> u32 {
 /// Finds the sampled thread's newest frame and, when the interrupted
 /// registers are that frame's (`r14`), appends the running `opline` (`r15`).
 #[inline(always)]
-fn start(
-    ctx: &PerfEventContext,
-    scratch: &mut icecore_unwinders::UnwindScratch,
-    process: &PhpProcess,
-) {
+fn start<C: Chain>(ctx: &C, scratch: &mut icecore_unwinders::UnwindScratch, process: &PhpProcess) {
     // NTS builds need no FS base (a ZTS lookup from 0 fails and is counted).
     let thread = crate::task::fs_base().unwrap_or(0);
     let newest = process.current_execute_data(thread, &mut UserMemory);
@@ -137,10 +130,7 @@ fn start(
         return;
     };
     scratch.state.runtimes.php.next = newest;
-    // SAFETY: the context of a perf-event program points to its
-    // `bpf_perf_event_data`, whose `regs` the verifier allows reading.
-    let regs = unsafe { (*ctx.ctx).regs };
-    if regs.cs & USER_MODE_RPL == USER_MODE_RPL
+    if let Some(regs) = ctx.user_frame_registers()
         && regs.r14 == newest
         && has_room(&scratch.record, 1)
     {

@@ -4,7 +4,7 @@
 //! which appends the sampled thread's Python frames (walk in
 //! `icecore_unwinders::python`).
 
-use aya_ebpf::programs::PerfEventContext;
+use crate::chain::Chain;
 use icecore_unwinders::{Counter, ProgramIndex, WindowedReader, python::PythonStep, sample::flags};
 
 use super::{append_word, append_words, finish, has_room, run_after_native_walk, scratch};
@@ -21,8 +21,8 @@ const FRAMES_PER_PROGRAM: usize = 32;
 /// apart in 3.12), where a 1 KiB copy would mostly be waste.
 const READ_BLOCK_BYTES: u32 = 192;
 
-pub fn unwind(ctx: &PerfEventContext) -> u32 {
-    let Some(scratch) = scratch(ProgramIndex::Python) else {
+pub fn unwind<C: Chain>(ctx: &C) -> u32 {
+    let Some(scratch) = scratch::<C>(ProgramIndex::Python) else {
         return 0;
     };
     if run_after_native_walk(ctx, scratch, ProgramIndex::Python) {

@@ -5,7 +5,7 @@
 //! frame its iseq, `pc` and, for a method's own frame, its method entry;
 //! per C-function frame its method entry.
 
-use aya_ebpf::programs::PerfEventContext;
+use crate::chain::Chain;
 use icecore_unwinders::{
     Counter, ProgramIndex, WindowedReader,
     ruby::{ControlFrames, MAX_RUBY_FRAMES, RubyStep, TAGS, more, word},
@@ -26,8 +26,8 @@ const FRAMES_PER_PROGRAM: usize = 32;
 /// them; each frame's `ep[-2]..=ep[0]` is one read of its own beside it.
 const READ_BLOCK_BYTES: u32 = 1024;
 
-pub fn unwind(ctx: &PerfEventContext) -> u32 {
-    let Some(scratch) = scratch(ProgramIndex::Ruby) else {
+pub fn unwind<C: Chain>(ctx: &C) -> u32 {
+    let Some(scratch) = scratch::<C>(ProgramIndex::Ruby) else {
         return 0;
     };
     if run_after_native_walk(ctx, scratch, ProgramIndex::Ruby) {

@@ -7,7 +7,7 @@
 //! frame (C++ called JavaScript) or native code, and hands the registers
 //! back there, so addons, libuv and Node's C++ stay in place.
 
-use aya_ebpf::programs::PerfEventContext;
+use crate::chain::Chain;
 use icecore_unwinders::{
     Counter, ProgramIndex, WindowedReader,
     runtime::resume,
@@ -24,7 +24,7 @@ use crate::{
 /// V8 frames walked per program run; tail calls continue.
 const FRAMES_PER_PROGRAM: usize = 24;
 
-pub fn unwind(ctx: &PerfEventContext) -> u32 {
+pub fn unwind<C: Chain>(ctx: &C) -> u32 {
     let Some((scratch, process)) = handover_start(
         ctx,
         ProgramIndex::V8,

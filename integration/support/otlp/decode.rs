@@ -156,10 +156,14 @@ pub fn samples(requests: &[ReceivedRequest]) -> Vec<DecodedSample> {
                                     .collect()
                             })
                             .unwrap_or_default();
-                        let count = if s.values.is_empty() {
-                            s.timestamps_unix_nano.len() as u64
+                        // Timed samples count their timestamps (their values,
+                        // if any, are each one's weight); untimed ones carry
+                        // their count as values.
+                        let values: u64 = s.values.iter().map(|&v| v.max(0) as u64).sum();
+                        let (count, nanos) = if s.timestamps_unix_nano.is_empty() {
+                            (values, 0)
                         } else {
-                            s.values.iter().map(|&v| v.max(0) as u64).sum()
+                            (s.timestamps_unix_nano.len() as u64, values)
                         };
                         out.push(DecodedSample {
                             pid,
@@ -170,6 +174,7 @@ pub fn samples(requests: &[ReceivedRequest]) -> Vec<DecodedSample> {
                             thread_id: sattrs.get("thread.id").and_then(AttrValue::as_int),
                             stack,
                             count,
+                            nanos,
                             timestamps: s.timestamps_unix_nano.clone(),
                             container_id: container_id.clone(),
                             pod_uid: pod_uid.clone(),

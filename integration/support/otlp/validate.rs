@@ -209,18 +209,44 @@ fn check_resources(c: &mut Checker<'_>, req: &ExportProfilesServiceRequest, peri
 /// One profile and its samples; `pctx` names it in messages.
 fn check_profile(c: &mut Checker<'_>, pctx: &str, p: &Profile, period: i64) {
     let dict = c.dict;
-    c.value_type(
-        p.sample_type.as_ref(),
-        ("samples", "count"),
-        &format!("{pctx}.sample_type"),
-    );
-    c.value_type(
-        p.period_type.as_ref(),
-        ("cpu", "nanoseconds"),
-        &format!("{pctx}.period_type"),
-    );
-    if (p.period - period).abs() > 1 {
-        c.bad(format!("{pctx}: period {} ns, expected {period}", p.period));
+    // An off-CPU profile: each sample's value is the time waited, and the
+    // period the context switches one recorded wait stands for.
+    let off_cpu = p
+        .sample_type
+        .as_ref()
+        .and_then(|vt| string_at(dict, vt.type_strindex))
+        == Some("off_cpu");
+    if off_cpu {
+        c.value_type(
+            p.sample_type.as_ref(),
+            ("off_cpu", "nanoseconds"),
+            &format!("{pctx}.sample_type"),
+        );
+        c.value_type(
+            p.period_type.as_ref(),
+            ("context_switch", "count"),
+            &format!("{pctx}.period_type"),
+        );
+        if p.period < 1 {
+            c.bad(format!("{pctx}: period {}, expected at least 1", p.period));
+        }
+        if p.samples.iter().any(|s| s.values.is_empty()) {
+            c.bad(format!("{pctx}: an off-CPU sample without values"));
+        }
+    } else {
+        c.value_type(
+            p.sample_type.as_ref(),
+            ("samples", "count"),
+            &format!("{pctx}.sample_type"),
+        );
+        c.value_type(
+            p.period_type.as_ref(),
+            ("cpu", "nanoseconds"),
+            &format!("{pctx}.period_type"),
+        );
+        if (p.period - period).abs() > 1 {
+            c.bad(format!("{pctx}: period {} ns, expected {period}", p.period));
+        }
     }
     if p.time_unix_nano == 0 || p.duration_nano == 0 {
         c.bad(format!(

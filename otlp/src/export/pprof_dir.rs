@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::ExportError;
-use crate::model::ProfileBatch;
+use crate::model::{ProfileBatch, ProfileKind};
 use crate::pprof::encode_gzip;
 
 /// How much of its output a [`PprofDirWriter`] keeps; 0 means no limit.
@@ -131,7 +131,13 @@ impl PprofDirWriter {
             return Ok(None);
         }
         let bytes = encode_gzip(batch)?;
-        self.store(batch.start_unix_nanos, "", &bytes).map(Some)
+        // CPU profiles keep the plain name; other kinds say theirs.
+        let suffix = match batch.kind {
+            ProfileKind::Cpu => String::new(),
+            kind => format!("-{}", kind.name()),
+        };
+        self.store(batch.start_unix_nanos, &suffix, &bytes)
+            .map(Some)
     }
 
     /// Writes a gzipped pprof profile from elsewhere (a scraped

@@ -3,19 +3,32 @@
 //! Prometheus label names, then the labels relabeling gave it (which win,
 //! but for `__name__`).
 
-use crate::model::{ProcessProfile, ProfileBatch};
+use crate::model::{ProcessProfile, ProfileBatch, ProfileKind};
 use crate::pprof::encode_gzip;
 use crate::scrape::ScrapedProfile;
 
 /// The `__name__` of icecore's series: on-CPU profiles, as Parca and
 /// Pyroscope name them.
 pub const PROFILE_NAME: &str = "process_cpu";
+/// The `__name__` of off-CPU series.
+pub const OFF_CPU_PROFILE_NAME: &str = "off_cpu";
+/// The `__name__` of wall-clock series.
+pub const WALL_CLOCK_PROFILE_NAME: &str = "wall";
+
+/// The `__name__` of a batch's series.
+pub fn profile_name(kind: ProfileKind) -> &'static str {
+    match kind {
+        ProfileKind::Cpu => PROFILE_NAME,
+        ProfileKind::OffCpu { .. } => OFF_CPU_PROFILE_NAME,
+        ProfileKind::WallClock => WALL_CLOCK_PROFILE_NAME,
+    }
+}
 
 /// `process`'s series labels in `batch`, `__name__` first.
 pub(crate) fn labels(batch: &ProfileBatch, process: &ProcessProfile) -> Vec<(String, String)> {
     let info = &process.process;
     let mut labels = vec![
-        label("__name__", PROFILE_NAME),
+        label("__name__", profile_name(batch.kind)),
         label("pid", &info.pid.to_string()),
         label("comm", &info.executable_name),
         label("service_name", &info.service_name),
@@ -84,11 +97,32 @@ pub(crate) fn per_process<T>(
 /// `batch` cut down to `process`: the profile of one series.
 fn one_process(batch: &ProfileBatch, process: &ProcessProfile) -> ProfileBatch {
     ProfileBatch {
+        kind: batch.kind,
         start_unix_nanos: batch.start_unix_nanos,
         duration_nanos: batch.duration_nanos,
         period_nanos: batch.period_nanos,
         host_name: batch.host_name.clone(),
         host: batch.host.clone(),
         processes: vec![process.clone()],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_cpu_series_have_a_name_of_their_own() {
+        let cpu = crate::test_fixtures::batch();
+        let off_cpu = crate::test_fixtures::off_cpu_batch();
+        let name = |batch: &ProfileBatch| labels(batch, &batch.processes[0])[0].clone();
+        assert_eq!(
+            name(&cpu),
+            ("__name__".to_string(), PROFILE_NAME.to_string())
+        );
+        assert_eq!(
+            name(&off_cpu),
+            ("__name__".to_string(), OFF_CPU_PROFILE_NAME.to_string())
+        );
     }
 }

@@ -17,7 +17,7 @@ use opentelemetry_proto::tonic::profiles::v1development::{
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
-use crate::model::{ProcessProfile, ProfileBatch};
+use crate::model::{ProcessProfile, ProfileBatch, ProfileKind};
 pub use dict::{ATTR_BUILD_ID_GNU, ATTR_FRAME_TYPE};
 use dict::{AttrValue, DictBuilder};
 pub use from_pprof::encode_pprof_request;
@@ -62,13 +62,35 @@ pub fn encode_request_with(
     configured: &ResourceAttributes,
 ) -> ExportProfilesServiceRequest {
     let mut dict = DictBuilder::new();
+    // CPU: samples counted, one period of CPU time each, as the
+    // OpenTelemetry profiler sends them. Off-CPU: each sample's value is
+    // the time waited, and the period is the context switches one recorded
+    // wait stands for. Wall-clock: each sample's value is its time, a CPU
+    // sample's one period.
+    let (sample_type, period_type, period) = match batch.kind {
+        ProfileKind::Cpu => (
+            ("samples", "count"),
+            ("cpu", "nanoseconds"),
+            batch.period_nanos,
+        ),
+        ProfileKind::OffCpu { one_in } => (
+            ("off_cpu", "nanoseconds"),
+            ("context_switch", "count"),
+            i64::try_from(one_in).unwrap_or(i64::MAX),
+        ),
+        ProfileKind::WallClock => (
+            ("wall", "nanoseconds"),
+            ("wall", "nanoseconds"),
+            batch.period_nanos,
+        ),
+    };
     let sample_type = ValueType {
-        type_strindex: dict.string("samples"),
-        unit_strindex: dict.string("count"),
+        type_strindex: dict.string(sample_type.0),
+        unit_strindex: dict.string(sample_type.1),
     };
     let period_type = ValueType {
-        type_strindex: dict.string("cpu"),
-        unit_strindex: dict.string("nanoseconds"),
+        type_strindex: dict.string(period_type.0),
+        unit_strindex: dict.string(period_type.1),
     };
     let (time_unix_nano, duration_nano) = window(batch);
 
@@ -83,7 +105,7 @@ pub fn encode_request_with(
                 time_unix_nano,
                 duration_nano,
                 period_type: Some(period_type),
-                period: batch.period_nanos,
+                period,
                 ..Profile::default()
             };
             ResourceProfiles {
@@ -152,10 +174,19 @@ fn samples<'a>(dict: &mut DictBuilder<'a>, process: &'a ProcessProfile) -> Vec<S
         let timed = group.is_timed();
         let count = i64::try_from(group.count).unwrap_or(i64::MAX);
         let identity = (stack_index, attributes, labels, timed);
+        let weights = group
+            .weights_nanos
+            .iter()
+            .map(|&w| i64::try_from(w).unwrap_or(i64::MAX));
         match by_identity.get(&identity) {
-            Some(&at) if timed => samples[at]
-                .timestamps_unix_nano
-                .extend_from_slice(&group.timestamps_unix_nanos),
+            Some(&at) if timed => {
+                let sample = &mut samples[at];
+                sample
+                    .timestamps_unix_nano
+                    .extend_from_slice(&group.timestamps_unix_nanos);
+                // Weighted samples carry a value per timestamp.
+                sample.values.extend(weights);
+            }
             Some(&at) => {
                 let value = &mut samples[at].values[0];
                 *value = value.saturating_add(count);
@@ -170,7 +201,11 @@ fn samples<'a>(dict: &mut DictBuilder<'a>, process: &'a ProcessProfile) -> Vec<S
                     stack_index,
                     attribute_indices,
                     link_index: 0,
-                    values: if timed { Vec::new() } else { vec![count] },
+                    values: if timed {
+                        weights.collect()
+                    } else {
+                        vec![count]
+                    },
                     timestamps_unix_nano: group.timestamps_unix_nanos.clone(),
                 });
             }

@@ -403,3 +403,31 @@ fn configured_resource_attributes_apply_to_every_resource() {
         assert_eq!(attrs.iter().filter(|kv| kv.key == "process.pid").count(), 1);
     }
 }
+
+#[test]
+fn off_cpu_samples_have_a_value_per_timestamp() {
+    let batch = crate::test_fixtures::off_cpu_batch();
+    let req = encode_request(&batch, "1.2.3");
+    let d = dict(&req);
+    let mut values = 0i64;
+    for rp in &req.resource_profiles {
+        let profile = &rp.scope_profiles[0].profiles[0];
+        let sample_type = profile.sample_type.expect("sample type");
+        assert_eq!(string(d, sample_type.type_strindex), "off_cpu");
+        assert_eq!(string(d, sample_type.unit_strindex), "nanoseconds");
+        let period_type = profile.period_type.expect("period type");
+        assert_eq!(string(d, period_type.type_strindex), "context_switch");
+        assert_eq!(profile.period, 100);
+        for sample in &profile.samples {
+            assert_eq!(sample.values.len(), sample.timestamps_unix_nano.len());
+            values += sample.values.iter().sum::<i64>();
+        }
+    }
+    let expected: u64 = batch
+        .processes
+        .iter()
+        .flat_map(|p| &p.samples)
+        .map(|g| g.total_nanos(0))
+        .sum();
+    assert_eq!(values as u64, expected);
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
-use crate::model::{self, ProfileBatch};
+use crate::model::{self, ProfileBatch, ProfileKind};
 
 /// The pprof message types, generated from the vendored `proto/profile.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
@@ -55,14 +55,28 @@ pub fn encode_profile(batch: &ProfileBatch) -> Profile {
         r#type: b.string("samples"),
         unit: b.string("count"),
     };
-    let cpu = ValueType {
-        r#type: b.string("cpu"),
+    // The second value is the time: CPU time (a period per sample), the
+    // time waited off CPU (whose period is the context switches one
+    // recorded wait stands for), or both for wall-clock time.
+    let elapsed = ValueType {
+        r#type: b.string(batch.kind.name()),
         unit: b.string("nanoseconds"),
     };
-    b.profile.sample_type = vec![samples, cpu];
-    b.profile.period_type = Some(cpu);
-    b.profile.period = batch.period_nanos;
-    b.profile.default_sample_type = cpu.r#type;
+    b.profile.sample_type = vec![samples, elapsed];
+    match batch.kind {
+        ProfileKind::Cpu | ProfileKind::WallClock => {
+            b.profile.period_type = Some(elapsed);
+            b.profile.period = batch.period_nanos;
+        }
+        ProfileKind::OffCpu { one_in } => {
+            b.profile.period_type = Some(ValueType {
+                r#type: b.string("context_switch"),
+                unit: b.string("count"),
+            });
+            b.profile.period = i64::try_from(one_in).unwrap_or(i64::MAX);
+        }
+    }
+    b.profile.default_sample_type = elapsed.r#type;
     b.profile.time_nanos = i64::try_from(time).unwrap_or(i64::MAX);
     b.profile.duration_nanos = i64::try_from(duration).unwrap_or(i64::MAX);
     b.main_mapping(batch);
@@ -170,10 +184,11 @@ impl<'a> Builder<'a> {
                 group.cpu,
                 group.labels.clone(),
             );
+            let nanos = i64::try_from(group.total_nanos(period)).unwrap_or(i64::MAX);
             if let Some(&at) = self.samples.get(&key) {
                 let value = &mut self.profile.sample[at].value;
                 value[0] = value[0].saturating_add(n);
-                value[1] = value[1].saturating_add(n.saturating_mul(period));
+                value[1] = value[1].saturating_add(nanos);
                 continue;
             }
             let mut label = vec![
@@ -244,7 +259,7 @@ impl<'a> Builder<'a> {
             self.samples.insert(key, self.profile.sample.len());
             self.profile.sample.push(Sample {
                 location_id: location_ids,
-                value: vec![n, n.saturating_mul(period)],
+                value: vec![n, nanos],
                 label,
             });
         }

@@ -173,3 +173,32 @@ fn gzip_round_trip() {
         encode_profile(&batch)
     );
 }
+
+#[test]
+fn off_cpu_profiles_carry_the_time_waited() {
+    let batch = test_fixtures::off_cpu_batch();
+    let p = encode_profile(&batch);
+    let types: Vec<(&str, &str)> = p
+        .sample_type
+        .iter()
+        .map(|t| (s(&p, t.r#type), s(&p, t.unit)))
+        .collect();
+    assert_eq!(types, [("samples", "count"), ("off_cpu", "nanoseconds")]);
+    assert_eq!(s(&p, p.default_sample_type), "off_cpu");
+    let period_type = p.period_type.expect("period type");
+    assert_eq!(
+        (s(&p, period_type.r#type), s(&p, period_type.unit)),
+        ("context_switch", "count")
+    );
+    assert_eq!(p.period, 100);
+    let expected: i64 = batch
+        .processes
+        .iter()
+        .flat_map(|p| &p.samples)
+        .map(|g| g.total_nanos(0) as i64)
+        .sum();
+    let encoded: i64 = p.sample.iter().map(|s| s.value[1]).sum();
+    assert_eq!(encoded, expected);
+    let count: i64 = p.sample.iter().map(|s| s.value[0]).sum();
+    assert_eq!(count as u64, batch.sample_count());
+}

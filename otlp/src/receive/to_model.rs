@@ -14,7 +14,7 @@ use opentelemetry_proto::tonic::profiles::v1development::{Profile, ProfilesDicti
 
 use crate::model::{
     ExecutableBuildIds, Frame, FrameKind, HostInfo, Labels, Line, Mapping, ProcessInfo,
-    ProcessProfile, ProfileBatch, SampleGroup,
+    ProcessProfile, ProfileBatch, ProfileKind, SampleGroup,
 };
 use crate::otlp_encode::{
     ATTR_BUILD_ID_GNU, ATTR_CPU, ATTR_FRAME_TYPE, ATTR_THREAD_ID, ATTR_THREAD_NAME,
@@ -106,6 +106,7 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
                         count,
                         cpu,
                         labels: Labels::default(),
+                        weights_nanos: Vec::new(),
                     }
                 } else {
                     SampleGroup {
@@ -165,6 +166,7 @@ pub fn to_model(request: &ExportProfilesServiceRequest) -> Converted {
         start = 0;
     }
     let batch = ProfileBatch {
+        kind: ProfileKind::Cpu,
         start_unix_nanos: start,
         duration_nanos: end.saturating_sub(start),
         period_nanos: period,

@@ -36,6 +36,9 @@ pub struct ProfilerOptions {
     pub command_lines: bool,
     /// The Docker Engine's socket, to name Docker containers; none when `None`.
     pub docker_socket: Option<std::path::PathBuf>,
+    /// Whether a wall-clock profile (CPU samples and off-CPU waits
+    /// together, per thread) is cut too; needs off-CPU sampling.
+    pub wall_clock: bool,
 }
 
 impl ProfilerOptions {
@@ -52,6 +55,7 @@ impl ProfilerOptions {
             kubernetes: None,
             command_lines: false,
             docker_socket: None,
+            wall_clock: false,
         }
     }
 }
@@ -92,6 +96,21 @@ pub struct ProfilerStats {
     pub execs_gone: u64,
     /// Lifecycle events dropped because the profiler fell behind.
     pub exec_events_dropped: u64,
+    /// Off-CPU sampling's totals, when it is on.
+    pub off_cpu: Option<OffCpuStats>,
+}
+
+/// Off-CPU sampling's totals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OffCpuStats {
+    /// What became of the start and end records read.
+    pub join: crate::off_cpu_join::OffCpuJoinStats,
+    /// Waits whose thread has not run again yet.
+    pub pending: usize,
+    /// Waits put into batches.
+    pub reported: u64,
+    /// Kernel-measured cost of the `sched_switch` program, per switch.
+    pub bpf_cost: ProgramCost,
 }
 
 /// Whether a runtime runs.

@@ -1,9 +1,6 @@
 //! Loads icecore's BPF programs and samples every online CPU.
 
-use std::{
-    io,
-    os::fd::{AsRawFd, OwnedFd, RawFd},
-};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -18,9 +15,17 @@ use aya::{
 use icecore_unwinders::{BPF_RUNTIMES, BpfRuntime, COUNTER_COUNT, Counter, ProgramIndex};
 use tracing::{debug, info, warn};
 
+mod errors;
+mod off_cpu;
+
+pub use errors::SamplerError;
+pub use off_cpu::OffCpuOptions;
+
+use errors::{one_line_reason, permission_or, permission_or_program};
+
 use crate::{
     host, kernel_btf,
-    sample_rings::{SampleRingError, SampleRings, ring_bytes_per_cpu},
+    sample_rings::{SampleRings, ring_bytes_per_cpu},
     unwind_maps::UnwindMapSet,
 };
 
@@ -33,53 +38,6 @@ const LIFECYCLE_PROGRAMS: [(&str, &str, &str); 2] = [
     ("on_process_exit", "sched", "sched_process_exit"),
     ("on_process_exec", "sched", "sched_process_exec"),
 ];
-
-/// Why sampling could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum SamplerError {
-    /// The process lacks the privileges to load BPF programs and open perf events.
-    #[error("icecore needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE")]
-    Privileges,
-    /// The kernel is older than the oldest one icecore supports.
-    #[error("icecore needs Linux 5.8 or newer for the BPF ring buffer (this is {0})")]
-    KernelTooOld(String),
-    /// The binary was built with AYA_BUILD_SKIP and carries no BPF programs.
-    #[error(
-        "this icecore binary was built without its BPF programs (AYA_BUILD_SKIP); rebuild it with bpf-linker installed"
-    )]
-    NoBpfObject,
-    /// The kernel refused the BPF object or one of its maps.
-    #[error("loading the BPF programs failed: {0}")]
-    Load(#[from] aya::EbpfError),
-    /// A program named in the object is missing.
-    #[error("BPF program {0} missing from the object")]
-    MissingProgram(&'static str),
-    /// A map named in the object is missing.
-    #[error("BPF map {0} missing from the object")]
-    MissingMap(&'static str),
-    /// The kernel's verifier rejected a program, or attaching it failed.
-    #[error("BPF program {name}: {source}")]
-    Program {
-        /// The program.
-        name: &'static str,
-        /// What went wrong.
-        source: aya::programs::ProgramError,
-    },
-    /// A map operation failed.
-    #[error("BPF map {name}: {source}")]
-    Map {
-        /// The map.
-        name: &'static str,
-        /// What went wrong.
-        source: aya::maps::MapError,
-    },
-    /// The online CPUs could not be listed.
-    #[error("cannot list online CPUs ({0}): {1}")]
-    OnlineCpus(&'static str, io::Error),
-    /// The per-CPU sample rings could not be set up.
-    #[error(transparent)]
-    SampleRings(#[from] SampleRingError),
-}
 
 /// What to sample.
 #[derive(Debug, Clone)]
@@ -94,6 +52,8 @@ pub struct SamplerOptions {
     /// Whether processes may be excluded from sampling
     /// ([`CpuSampler::exclude`]); without, the entry program never looks.
     pub exclusions: bool,
+    /// Off-CPU sampling, when on.
+    pub off_cpu: Option<OffCpuOptions>,
 }
 
 impl SamplerOptions {
@@ -108,6 +68,7 @@ impl SamplerOptions {
                 .map(|r| r.name)
                 .collect(),
             exclusions: false,
+            off_cpu: None,
         }
     }
 }
@@ -155,6 +116,17 @@ pub struct ProgramCost {
     pub run_count: u64,
 }
 
+impl ProgramCost {
+    /// The kernel's statistics of `program`; `None` when it has none.
+    fn of(program: &aya::programs::Program) -> Option<Self> {
+        let info = program.info().ok()?;
+        Some(ProgramCost {
+            run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+            run_count: info.run_count(),
+        })
+    }
+}
+
 /// The loaded, attached BPF programs and their maps.
 pub struct CpuSampler {
     ebpf: Ebpf,
@@ -177,6 +149,8 @@ pub struct CpuSampler {
     runtime_loads: Vec<(&'static BpfRuntime, RuntimeLoad)>,
     /// `EXCLUDED_PIDS`, when exclusions are on.
     excluded: Option<HashMap<MapData, u32, u8>>,
+    /// The off-CPU programs, when off-CPU sampling is on.
+    off_cpu: Option<off_cpu::OffCpuPrograms>,
 }
 
 impl CpuSampler {
@@ -228,6 +202,24 @@ impl CpuSampler {
             1
         };
 
+        let (task_pid_offset, task_flags_offset, task_state_offset) = match options.off_cpu {
+            Some(_) => (
+                task_offset("pid")?,
+                task_offset("flags")?,
+                // Renamed in Linux 5.14.
+                task_offset("__state").or_else(|_| task_offset("state"))?,
+            ),
+            None => (0, 0, 0),
+        };
+        let (off_cpu_threshold, off_cpu_min_ns, off_cpu_threads) = match &options.off_cpu {
+            Some(off_cpu) => (
+                off_cpu.threshold(),
+                off_cpu.min_ns(),
+                off_cpu::OFF_CPU_THREADS_MAX,
+            ),
+            None => (0, 0, 1),
+        };
+
         let mut ebpf = EbpfLoader::new()
             .override_global("FILTER_BY_PID", &filter, true)
             .override_global("TASK_STACK_OFFSET", &task_stack_offset, true)
@@ -237,6 +229,12 @@ impl CpuSampler {
             .override_global("EXCLUDE_PIDS", &exclude, true)
             .map_max_entries("PID_FILTER", filter_capacity)
             .map_max_entries("EXCLUDED_PIDS", exclusion_capacity)
+            .override_global("OFF_CPU_THRESHOLD", &off_cpu_threshold, true)
+            .override_global("OFF_CPU_MIN_NS", &off_cpu_min_ns, true)
+            .override_global("TASK_PID_OFFSET", &task_pid_offset, true)
+            .override_global("TASK_FLAGS_OFFSET", &task_flags_offset, true)
+            .override_global("TASK_STATE_OFFSET", &task_state_offset, true)
+            .map_max_entries("OFF_CPU_STARTS", off_cpu_threads)
             .load(BPF_OBJECT)
             .map_err(|e| permission_or(e, SamplerError::Load))?;
 
@@ -321,6 +319,11 @@ impl CpuSampler {
                 })?;
         }
 
+        let off_cpu = match options.off_cpu {
+            Some(_) => Some(off_cpu::OffCpuPrograms::load(&mut ebpf, &runtime_loads)?),
+            None => None,
+        };
+
         let rings = ebpf
             .take_map("SAMPLE_RINGS")
             .ok_or(SamplerError::MissingMap("SAMPLE_RINGS"))?;
@@ -398,6 +401,7 @@ impl CpuSampler {
             pids: options.pids.clone(),
             sampling_links: Vec::new(),
             runtime_loads,
+            off_cpu,
         })
     }
 
@@ -441,6 +445,9 @@ impl CpuSampler {
                 .map_err(|source| permission_or_program(ENTRY_PROGRAM, source))?;
             self.sampling_links.push(link);
         }
+        if let Some(off_cpu) = self.off_cpu.as_mut() {
+            off_cpu.attach(&mut self.ebpf)?;
+        }
         info!(
             cpus = self.cpus.len(),
             frequency_hz = self.frequency_hz,
@@ -471,6 +478,9 @@ impl CpuSampler {
         // Closing a perf event waits for its handler on that CPU to return
         // (the kernel removes the event from the CPU by IPI), so no sample
         // is still being built once this returns.
+        if let Some(off_cpu) = self.off_cpu.as_mut() {
+            off_cpu.detach(&mut self.ebpf)?;
+        }
         let entry = perf_program(&mut self.ebpf, ENTRY_PROGRAM)?;
         for link in self.sampling_links.drain(..) {
             entry.detach(link).map_err(|source| SamplerError::Program {
@@ -531,12 +541,18 @@ impl CpuSampler {
     /// Kernel-measured cost of the entry program, which includes every
     /// tail-called program of the chain.
     pub fn cost(&self) -> Option<ProgramCost> {
-        let program: &PerfEvent = self.ebpf.program(ENTRY_PROGRAM)?.try_into().ok()?;
-        let info = program.info().ok()?;
-        Some(ProgramCost {
-            run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
-            run_count: info.run_count(),
-        })
+        ProgramCost::of(self.ebpf.program(ENTRY_PROGRAM)?)
+    }
+
+    /// Whether off-CPU sampling is on.
+    pub fn off_cpu_enabled(&self) -> bool {
+        self.off_cpu.is_some()
+    }
+
+    /// Kernel-measured cost of the off-CPU program per context switch, with
+    /// the unwinders it tail-calls; `None` when off-CPU sampling is off.
+    pub fn off_cpu_cost(&self) -> Option<ProgramCost> {
+        self.off_cpu.as_ref()?.cost(&self.ebpf)
     }
 
     /// Number of CPUs sampled.
@@ -556,6 +572,14 @@ fn perf_program<'a>(
     ebpf: &'a mut Ebpf,
     name: &'static str,
 ) -> Result<&'a mut PerfEvent, SamplerError> {
+    program(ebpf, name)
+}
+
+/// The program `name` of the object, as a `T` (`PerfEvent`, `RawTracePoint`…).
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, SamplerError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
     ebpf.program_mut(name)
         .ok_or(SamplerError::MissingProgram(name))?
         .try_into()
@@ -582,44 +606,6 @@ fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), SamplerError>
     Ok(())
 }
 
-fn is_permission_denied(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if let Some(io) = e.downcast_ref::<io::Error>()
-            && io.kind() == io::ErrorKind::PermissionDenied
-        {
-            return true;
-        }
-        if e.to_string().contains("Operation not permitted") {
-            return true;
-        }
-        current = e.source();
-    }
-    false
-}
-
-fn permission_or<E: std::error::Error + 'static>(
-    error: E,
-    wrap: impl FnOnce(E) -> SamplerError,
-) -> SamplerError {
-    if is_permission_denied(&error) {
-        SamplerError::Privileges
-    } else {
-        wrap(error)
-    }
-}
-
-fn permission_or_program(name: &'static str, source: aya::programs::ProgramError) -> SamplerError {
-    // The verifier rejects programs with EACCES too; a log means it ran, so
-    // privileges were not the problem.
-    if let aya::programs::ProgramError::LoadError { verifier_log, .. } = &source
-        && !verifier_log.to_string().trim().is_empty()
-    {
-        return SamplerError::Program { name, source };
-    }
-    permission_or(source, |source| SamplerError::Program { name, source })
-}
-
 /// The program slot [`REJECT_RUNTIME_ENV`] names, or `u32::MAX`.
 fn rejected_program_for_test() -> u32 {
     let Ok(name) = std::env::var(REJECT_RUNTIME_ENV) else {
@@ -634,23 +620,19 @@ fn rejected_program_for_test() -> u32 {
     }
 }
 
-/// One line for a (possibly multi-line) load error: its first line, and for
-/// a verifier log the line that says why (the last one before the
-/// verifier's statistics).
-fn one_line_reason(message: &str) -> String {
-    let first = message.lines().next().unwrap_or("").trim();
-    let first = first.split(" Verifier output:").next().unwrap_or(first);
-    let why = message.lines().rev().map(str::trim).find(|line| {
-        !line.is_empty()
-            && !line.starts_with("processed ")
-            && !line.starts_with("verification time")
-            && !line.starts_with("stack depth")
-            && !line.starts_with(": ")
-    });
-    match why {
-        Some(why) if message.contains("Verifier output:") => format!("{first}: {why}"),
-        _ => first.to_owned(),
-    }
+/// Offset of `member` in `struct task_struct`, which off-CPU sampling reads.
+fn task_offset(member: &str) -> Result<u64, SamplerError> {
+    kernel_btf::member_offset_in_file(
+        std::path::Path::new(kernel_btf::VMLINUX_BTF),
+        "task_struct",
+        member,
+    )
+    .map(u64::from)
+    .map_err(|e| {
+        SamplerError::OffCpu(format!(
+            "the offset of task_struct.{member} is unknown: {e}"
+        ))
+    })
 }
 
 /// Offset of `thread.fsbase` in `struct task_struct`, from the kernel's BTF.
@@ -659,23 +641,4 @@ fn task_fsbase_offset() -> Result<u64, kernel_btf::BtfError> {
     let thread = kernel_btf::member_offset_in_file(btf, "task_struct", "thread")?;
     let fsbase = kernel_btf::member_offset_in_file(btf, "thread_struct", "fsbase")?;
     Ok(u64::from(thread) + u64::from(fsbase))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_verifier_log_is_told_in_one_line() {
-        let log = "BPF program unwind_python: the BPF_PROG_LOAD syscall returned Permission \
-                   denied (os error 13). Verifier output: 0: R1=ctx() R10=fp0\n\
-                   1: (bf) r6 = r1\nR1 invalid mem access 'scalar'\n\
-                   processed 40 insns (limit 1000000)\n: Permission denied (os error 13)";
-        assert_eq!(
-            one_line_reason(log),
-            "BPF program unwind_python: the BPF_PROG_LOAD syscall returned Permission denied \
-             (os error 13).: R1 invalid mem access 'scalar'"
-        );
-        assert_eq!(one_line_reason("one\ntwo"), "one");
-    }
 }
