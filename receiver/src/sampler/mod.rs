@@ -6,7 +6,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{
-        PerfEvent, TracePoint,
+        TracePoint,
         perf_event::{
             PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
         },
@@ -17,14 +17,18 @@ use tracing::{debug, info, warn};
 
 mod errors;
 mod off_cpu;
+mod programs;
+mod task_offsets;
 
 pub use errors::SamplerError;
 pub use off_cpu::OffCpuOptions;
 
 use errors::{one_line_reason, permission_or, permission_or_program};
+use programs::{load_program, perf_program, rejected_program_for_test};
+use task_offsets::TaskOffsets;
 
 use crate::{
-    host, kernel_btf,
+    host,
     sample_rings::{SampleRings, ring_bytes_per_cpu},
     unwind_maps::UnwindMapSet,
 };
@@ -178,20 +182,7 @@ impl CpuSampler {
         // A wakeup once a CPU's ring is a quarter full: user space drains on
         // a timer too, so wakeups only guard against bursts.
         let wakeup_bytes = u64::from(ring_bytes_per_cpu(options.frequency_hz) / 4);
-        let task_stack_offset = match kernel_btf::member_offset_in_file(
-            std::path::Path::new(kernel_btf::VMLINUX_BTF),
-            "task_struct",
-            "stack",
-        ) {
-            Ok(offset) => u64::from(offset),
-            Err(e) => {
-                warn!("no user stacks for samples taken in kernel mode: {e}");
-                0
-            }
-        };
-        let task_fsbase_offset = task_fsbase_offset()
-            .map_err(|e| warn!("no interpreter stacks (the thread's FS base is unknown): {e}"))
-            .unwrap_or(0);
+        let task = TaskOffsets::read(options.off_cpu.is_some())?;
         let rejected_program = rejected_program_for_test();
         let filter = u8::from(!options.pids.is_empty());
         let filter_capacity = u32::try_from(options.pids.len().max(1)).unwrap_or(u32::MAX);
@@ -202,15 +193,6 @@ impl CpuSampler {
             1
         };
 
-        let (task_pid_offset, task_flags_offset, task_state_offset) = match options.off_cpu {
-            Some(_) => (
-                task_offset("pid")?,
-                task_offset("flags")?,
-                // Renamed in Linux 5.14.
-                task_offset("__state").or_else(|_| task_offset("state"))?,
-            ),
-            None => (0, 0, 0),
-        };
         let (off_cpu_threshold, off_cpu_min_ns, off_cpu_threads) = match &options.off_cpu {
             Some(off_cpu) => (
                 off_cpu.threshold(),
@@ -222,8 +204,8 @@ impl CpuSampler {
 
         let mut ebpf = EbpfLoader::new()
             .override_global("FILTER_BY_PID", &filter, true)
-            .override_global("TASK_STACK_OFFSET", &task_stack_offset, true)
-            .override_global("TASK_FSBASE_OFFSET", &task_fsbase_offset, true)
+            .override_global("TASK_STACK_OFFSET", &task.stack, true)
+            .override_global("TASK_FSBASE_OFFSET", &task.fsbase, true)
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
             .override_global("REJECTED_PROGRAM", &rejected_program, true)
             .override_global("EXCLUDE_PIDS", &exclude, true)
@@ -231,9 +213,9 @@ impl CpuSampler {
             .map_max_entries("EXCLUDED_PIDS", exclusion_capacity)
             .override_global("OFF_CPU_THRESHOLD", &off_cpu_threshold, true)
             .override_global("OFF_CPU_MIN_NS", &off_cpu_min_ns, true)
-            .override_global("TASK_PID_OFFSET", &task_pid_offset, true)
-            .override_global("TASK_FLAGS_OFFSET", &task_flags_offset, true)
-            .override_global("TASK_STATE_OFFSET", &task_state_offset, true)
+            .override_global("TASK_PID_OFFSET", &task.pid, true)
+            .override_global("TASK_FLAGS_OFFSET", &task.flags, true)
+            .override_global("TASK_STATE_OFFSET", &task.state, true)
             .map_max_entries("OFF_CPU_STARTS", off_cpu_threads)
             .load(BPF_OBJECT)
             .map_err(|e| permission_or(e, SamplerError::Load))?;
@@ -566,79 +548,4 @@ impl AsRawFd for CpuSampler {
     fn as_raw_fd(&self) -> RawFd {
         self.rings.as_raw_fd()
     }
-}
-
-fn perf_program<'a>(
-    ebpf: &'a mut Ebpf,
-    name: &'static str,
-) -> Result<&'a mut PerfEvent, SamplerError> {
-    program(ebpf, name)
-}
-
-/// The program `name` of the object, as a `T` (`PerfEvent`, `RawTracePoint`…).
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, SamplerError>
-where
-    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
-{
-    ebpf.program_mut(name)
-        .ok_or(SamplerError::MissingProgram(name))?
-        .try_into()
-        .map_err(|source| SamplerError::Program { name, source })
-}
-
-fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), SamplerError> {
-    let program = perf_program(ebpf, name)?;
-    program
-        .load()
-        .map_err(|source| permission_or_program(name, source))?;
-    // How close the program is to the verifier's 1M-instruction limit.
-    if let Some(count) = program
-        .info()
-        .ok()
-        .and_then(|info| info.verified_instruction_count())
-    {
-        debug!(
-            program = name,
-            verified_instructions = count,
-            "BPF program loaded"
-        );
-    }
-    Ok(())
-}
-
-/// The program slot [`REJECT_RUNTIME_ENV`] names, or `u32::MAX`.
-fn rejected_program_for_test() -> u32 {
-    let Ok(name) = std::env::var(REJECT_RUNTIME_ENV) else {
-        return u32::MAX;
-    };
-    match BPF_RUNTIMES.iter().find(|r| r.name == name) {
-        Some(runtime) => {
-            warn!("{REJECT_RUNTIME_ENV}={name}: its BPF program is made to fail verification");
-            runtime.program as u32
-        }
-        None => u32::MAX,
-    }
-}
-
-/// Offset of `member` in `struct task_struct`, which off-CPU sampling reads.
-fn task_offset(member: &str) -> Result<u64, SamplerError> {
-    kernel_btf::member_offset_in_file(
-        std::path::Path::new(kernel_btf::VMLINUX_BTF),
-        "task_struct",
-        member,
-    )
-    .map(u64::from)
-    .map_err(|e| {
-        SamplerError::OffCpu(format!(
-            "the offset of task_struct.{member} is unknown: {e}"
-        ))
-    })
-}
-
-/// Offset of `thread.fsbase` in `struct task_struct`, from the kernel's BTF.
-fn task_fsbase_offset() -> Result<u64, kernel_btf::BtfError> {
-    let btf = std::path::Path::new(kernel_btf::VMLINUX_BTF);
-    let thread = kernel_btf::member_offset_in_file(btf, "task_struct", "thread")?;
-    let fsbase = kernel_btf::member_offset_in_file(btf, "thread_struct", "fsbase")?;
-    Ok(u64::from(thread) + u64::from(fsbase))
 }

@@ -167,7 +167,7 @@ fn raw_tracepoint<'a>(
     ebpf: &'a mut Ebpf,
     name: &'static str,
 ) -> Result<&'a mut RawTracePoint, SamplerError> {
-    super::program(ebpf, name)
+    super::programs::program(ebpf, name)
 }
 
 #[cfg(test)]
