@@ -137,6 +137,16 @@ impl V8Binary {
 pub fn inspect(path: &Path) -> Result<V8Binary, InspectError> {
     let cache = open_elf(path)?;
     let elf = parse_elf(path, &cache)?;
+    // V8 exports its post-mortem constants: a file whose dynamic symbols
+    // have none is not read further. Its `.symtab` may be huge (a Rust
+    // binary with debug info: 350 ms to walk), and the probe runs on the
+    // profiler's loop at a process's first description.
+    let exports_constants = elf
+        .dynamic_symbols()
+        .any(|s| !s.is_undefined() && s.name().is_ok_and(|n| n.starts_with("v8dbg_")));
+    if !exports_constants {
+        return Err(InspectError::NoConstants(path.display().to_string()));
+    }
     let mut constants = BTreeMap::new();
     let mut version = [None; 4];
     let mut builtins = BTreeMap::new();
