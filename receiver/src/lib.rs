@@ -31,6 +31,7 @@ pub mod sample_rings;
 pub mod sampler;
 pub mod startup;
 pub mod symbolize;
+pub mod table_slots;
 pub mod unwind_maps;
 pub mod unwind_table;
 

@@ -104,6 +104,8 @@ pub struct NativeUnwindInfo {
     idle: HashMap<u64, Instant>,
     /// Files each described process references.
     process_files: HashMap<u32, Vec<FileKey>>,
+    /// Tables whose slot is being set, by file id.
+    installing: HashMap<u64, FileKey>,
     /// The runtimes' code of each described process that has any.
     runtimes: HashMap<u32, ProcessRuntimes>,
     jobs: mpsc::SyncSender<BuildJob>,
@@ -118,6 +120,17 @@ pub struct NativeUnwindInfo {
     /// The vDSO's table, with the vDSO's size: a `[vdso]` mapping of another
     /// size (a 32-bit process's) is a different image.
     vdso: Option<Arc<BuiltTable>>,
+}
+
+/// The entry of a mapping whose table is being built or set: BPF drops
+/// (and counts) samples through it rather than cut them short.
+fn table_pending(mapping: &MappedFile) -> MappingEntry {
+    MappingEntry {
+        start: mapping.start,
+        end: mapping.end,
+        dispatch: Dispatch::TablePending as u8,
+        ..MappingEntry::default()
+    }
 }
 
 /// Bytes of unwind-table rows kept in BPF maps at most, by default: a busy
@@ -142,7 +155,8 @@ impl NativeUnwindInfo {
     ) -> std::io::Result<Self> {
         let (jobs, job_rx) = mpsc::sync_channel::<BuildJob>(BUILD_QUEUE);
         let (result_tx, results) = mpsc::channel();
-        let built = Arc::new(tokio::sync::Notify::new());
+        // One wake-up for a build done and for a table's slot set.
+        let built = maps.install_notifier();
         let notify = Arc::clone(&built);
         thread::Builder::new()
             .name("unwind-tables".into())
@@ -174,6 +188,7 @@ impl NativeUnwindInfo {
             users: HashMap::new(),
             idle: HashMap::new(),
             process_files: HashMap::new(),
+            installing: HashMap::new(),
             runtimes: HashMap::new(),
             jobs,
             results,
@@ -227,12 +242,7 @@ impl NativeUnwindInfo {
                         // Samples through this file are dropped (and
                         // counted) until its table exists, rather than cut
                         // short by frame pointers.
-                        entries.push(MappingEntry {
-                            start: mapping.start,
-                            end: mapping.end,
-                            dispatch: Dispatch::TablePending as u8,
-                            ..MappingEntry::default()
-                        });
+                        entries.push(table_pending(mapping));
                         continue;
                     }
                     Err(false) => continue,
@@ -244,9 +254,15 @@ impl NativeUnwindInfo {
             if key == FileKey::VDSO {
                 referenced.push(key);
             }
-            let Some(slot) = self.use_table(pid, key, &built) else {
+            let Some((slot, live)) = self.use_table(pid, key, &built) else {
                 continue;
             };
+            if !live {
+                // Its slot is being set: pending as a build is, and
+                // described again when the set is done.
+                entries.push(table_pending(mapping));
+                continue;
+            }
             entries.push(MappingEntry {
                 start: mapping.start,
                 end: mapping.end,
@@ -298,9 +314,9 @@ impl NativeUnwindInfo {
     }
 
     /// Records that `pid` uses a file's table, installing it if needed, and
-    /// returns its slot; `None` when the table is not in BPF (over budget,
-    /// or failed).
-    fn use_table(&mut self, pid: u32, key: FileKey, built: &BuiltTable) -> Option<u32> {
+    /// returns its slot and whether BPF sees it yet; `None` when the table
+    /// is not in BPF (over budget, or failed).
+    fn use_table(&mut self, pid: u32, key: FileKey, built: &BuiltTable) -> Option<(u32, bool)> {
         if !self.maps.has_table(built.file_id) {
             let bytes = UnwindMaps::table_bytes(built.rows.len());
             if self.maps.installed_bytes() + bytes > self.max_table_bytes {
@@ -315,7 +331,11 @@ impl NativeUnwindInfo {
         {
             Ok(slot) => {
                 self.users.entry(key).or_default().insert(pid);
-                Some(slot)
+                let live = self.maps.is_live(built.file_id);
+                if !live {
+                    self.installing.insert(built.file_id, key);
+                }
+                Some((slot, live))
             }
             Err(e) => {
                 self.stats.map_update_failures += 1;
@@ -370,9 +390,10 @@ impl NativeUnwindInfo {
             .flatten()
     }
 
-    /// Table builds queued and not yet installed by [`Self::poll_builds`].
+    /// Table builds queued, and tables being set, that [`Self::poll_builds`]
+    /// has not taken in yet.
     pub fn builds_pending(&self) -> usize {
-        self.builds_pending
+        self.builds_pending + self.maps.installs_pending()
     }
 
     /// Notified each time a table build finishes ([`Self::poll_builds`]
@@ -398,6 +419,22 @@ impl NativeUnwindInfo {
                 }
                 None => {
                     self.stats.tables_unusable += 1;
+                    self.files.put(key, FileState::Unusable);
+                }
+            }
+            ready.push(key);
+        }
+        for done in self.maps.poll_installs() {
+            let Some(key) = self.installing.remove(&done.file_id) else {
+                continue;
+            };
+            if !done.live {
+                self.stats.map_update_failures += 1;
+                // Not tried again at every description: its mappings go
+                // without a table (frame pointers), as an unusable file's do.
+                if key == FileKey::VDSO {
+                    self.vdso = None;
+                } else {
                     self.files.put(key, FileState::Unusable);
                 }
             }

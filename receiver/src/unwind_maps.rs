@@ -4,14 +4,12 @@
 //! process (at a free slot of `PROCESS_MAPPINGS`, found by BPF through the
 //! pid → slot hash `PROCESS_SLOTS`).
 
-use std::{
-    collections::HashMap as StdHashMap,
-    os::fd::{AsFd, AsRawFd},
-};
+use std::{collections::HashMap as StdHashMap, os::fd::AsFd};
 
 use crate::inner_array::{InnerArrays, InnerKind, MappedArray};
 use crate::map_memory::map_memlock;
 use crate::process_pages::{PROCESS_PAGE_FLAGS, ProcessPages};
+use crate::table_slots::{SlotWriter, delete_element};
 use aya::maps::{Array, ArrayOfMaps, HashMap, Map, MapData, MapError};
 use icecore_unwinders::{
     native::{
@@ -60,6 +58,9 @@ pub enum UnwindMapError {
     /// Every slot of `PROCESS_MAPPINGS` holds a process's table.
     #[error("all {0} process mapping slots are in use")]
     NoFreeProcessSlot(u32),
+    /// The thread that sets the slots of `UNWIND_TABLES` cannot start or is gone.
+    #[error("unwind table slot writer: {0}")]
+    SlotWriter(std::io::Error),
 }
 
 /// The maps [`UnwindMaps`] owns, as taken from the loaded object.
@@ -82,6 +83,19 @@ struct Installed {
     bytes: usize,
     /// Kernel memory of its inner map (`memlock`).
     memlock: u64,
+    /// Whether the slot holds the table yet (the set is done off the
+    /// caller's thread, see [`crate::table_slots`]).
+    live: bool,
+}
+
+/// A table's set that finished (see [`UnwindMaps::poll_installs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstallDone {
+    /// The file.
+    pub file_id: u64,
+    /// Whether BPF can use its table now; false: the set failed, the table
+    /// is not installed.
+    pub live: bool,
 }
 
 /// Owner of the unwinder's maps.
@@ -96,8 +110,6 @@ pub struct UnwindMaps {
     /// Unused slots of `PROCESS_MAPPINGS`, lowest last.
     free_process_slots: Vec<u32>,
     installed: StdHashMap<u64, Installed>,
-    /// A second descriptor of `UNWIND_TABLES`, for the deletes aya lacks.
-    tables_fd: std::os::fd::OwnedFd,
     /// Unused slots of `UNWIND_TABLES`, lowest last.
     free_slots: Vec<u32>,
     installed_bytes: usize,
@@ -107,6 +119,10 @@ pub struct UnwindMaps {
     inner: InnerArrays,
     /// ...of the kind the unwind tables' template takes.
     table_kind: InnerKind,
+    /// Sets and clears the slots of `UNWIND_TABLES`.
+    slot_writer: SlotWriter,
+    /// Woken when a set finishes.
+    installed_notify: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl UnwindMaps {
@@ -173,7 +189,12 @@ impl UnwindMaps {
         };
         let pages = ProcessPages::new(processes, process_kind);
         let free_process_slots = (0..pages.capacity()).rev().collect();
+        let installed_notify = std::sync::Arc::new(tokio::sync::Notify::new());
+        let slot_writer = SlotWriter::spawn(tables_fd.as_fd(), installed_notify.clone())
+            .map_err(UnwindMapError::SlotWriter)?;
         Ok(UnwindMaps {
+            slot_writer,
+            installed_notify,
             inner,
             table_kind,
             tables,
@@ -183,7 +204,6 @@ impl UnwindMaps {
             process_slots: StdHashMap::new(),
             free_process_slots,
             installed: StdHashMap::new(),
-            tables_fd,
             free_slots,
             installed_bytes: 0,
             tables_memlock: 0,
@@ -203,7 +223,8 @@ impl UnwindMaps {
     }
 
     /// Installs the unwind table of a file (sorted rows) and returns its
-    /// slot; a file already installed keeps its slot.
+    /// slot; a file already installed keeps its slot. BPF sees the table
+    /// once [`Self::poll_installs`] reports it live.
     pub fn install_table(
         &mut self,
         file_id: u64,
@@ -243,13 +264,11 @@ impl UnwindMaps {
             .map_err(|source| UnwindMapError::Create { rows: len, source })?;
         write_rows_through_mmap(&inner, layout, len, rows)?;
         let memlock = map_memlock(inner.fd().as_fd()).unwrap_or(0);
-        self.tables
-            .set(slot, &inner, 0)
-            .map_err(|source| UnwindMapError::Update {
-                map: "UNWIND_TABLES",
-                source,
-            })?;
-        // The outer map now holds the kernel's reference; `inner` may close.
+        // The slot is set on the writer's thread (an RCU grace period);
+        // the table is live once `poll_installs` says so.
+        self.slot_writer
+            .set(slot, file_id, inner)
+            .map_err(UnwindMapError::SlotWriter)?;
         self.free_slots.pop();
         let bytes = count as usize * size_of::<UnwindChunk>();
         self.installed.insert(
@@ -258,6 +277,7 @@ impl UnwindMaps {
                 slot,
                 bytes,
                 memlock,
+                live: false,
             },
         );
         self.installed_bytes += bytes;
@@ -278,8 +298,9 @@ impl UnwindMaps {
         if let Some(installed) = self.installed.remove(&file_id) {
             self.installed_bytes -= installed.bytes;
             self.tables_memlock -= installed.memlock;
-            if let Err(e) = delete_element(self.tables_fd(), installed.slot) {
-                // The slot still points at the old table: leave it out of use.
+            // Cleared on the writer's thread, in order: a set of the slot
+            // asked for later comes after the clear, so it is free now.
+            if let Err(e) = self.slot_writer.clear(installed.slot) {
                 tracing::warn!(
                     slot = installed.slot,
                     "cannot clear an unwind table slot: {e}"
@@ -290,13 +311,63 @@ impl UnwindMaps {
         }
     }
 
-    fn tables_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.tables_fd.as_fd()
-    }
-
-    /// Whether a file's table is installed.
+    /// Whether a file's table is installed (live or being set).
     pub fn has_table(&self, file_id: u64) -> bool {
         self.installed.contains_key(&file_id)
+    }
+
+    /// Whether BPF can use a file's table.
+    pub fn is_live(&self, file_id: u64) -> bool {
+        self.installed.get(&file_id).is_some_and(|i| i.live)
+    }
+
+    /// The tables whose slot was set (or failed to be) since the last call.
+    /// A failed one is no longer installed and its slot is free again.
+    pub fn poll_installs(&mut self) -> Vec<InstallDone> {
+        let mut done = Vec::new();
+        for set in self.slot_writer.finished() {
+            // A table removed (and perhaps installed again elsewhere) while
+            // its set waited is not this set's.
+            let Some(installed) = self
+                .installed
+                .get_mut(&set.file_id)
+                .filter(|i| i.slot == set.slot)
+            else {
+                continue;
+            };
+            match set.result {
+                Ok(()) => {
+                    installed.live = true;
+                    done.push(InstallDone {
+                        file_id: set.file_id,
+                        live: true,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(slot = set.slot, "cannot install unwind table: {e}");
+                    let installed = *installed;
+                    self.installed.remove(&set.file_id);
+                    self.installed_bytes -= installed.bytes;
+                    self.tables_memlock -= installed.memlock;
+                    self.free_slots.push(installed.slot);
+                    done.push(InstallDone {
+                        file_id: set.file_id,
+                        live: false,
+                    });
+                }
+            }
+        }
+        done
+    }
+
+    /// Table sets queued and not yet reported by [`Self::poll_installs`].
+    pub fn installs_pending(&self) -> usize {
+        self.slot_writer.pending()
+    }
+
+    /// Woken each time a table's set finishes.
+    pub fn install_notifier(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.installed_notify.clone()
     }
 
     /// Bytes of table rows installed.
@@ -372,7 +443,7 @@ impl UnwindMaps {
     }
 }
 
-/// A second descriptor of an array of maps, for `delete_element`.
+/// A second descriptor of an array of maps, for the element calls aya lacks.
 fn duplicate_array_of_maps(map: &Map) -> Result<std::os::fd::OwnedFd, UnwindMapError> {
     match map {
         Map::ArrayOfMaps(data) => data.fd().as_fd().try_clone_to_owned(),
@@ -423,41 +494,4 @@ fn write_rows_through_mmap(
         return Err(UnwindMapError::BadSize(written));
     }
     Ok(())
-}
-
-/// `BPF_MAP_DELETE_ELEM` on an array of maps (aya has no call for it): drops
-/// the kernel's reference to the inner map at `index`.
-fn delete_element(map: std::os::fd::BorrowedFd<'_>, index: u32) -> std::io::Result<()> {
-    const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-    /// The prefix of `union bpf_attr` the command reads.
-    #[repr(C)]
-    struct DeleteAttr {
-        map_fd: u32,
-        pad: u32,
-        key: u64,
-        value: u64,
-        flags: u64,
-    }
-    let attr = DeleteAttr {
-        map_fd: map.as_raw_fd() as u32,
-        pad: 0,
-        key: std::ptr::from_ref(&index) as u64,
-        value: 0,
-        flags: 0,
-    };
-    // SAFETY: `attr` is a valid bpf_attr prefix for this command and `key`
-    // points at a live u32 for the duration of the call.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_DELETE_ELEM,
-            std::ptr::from_ref(&attr),
-            size_of::<DeleteAttr>(),
-        )
-    };
-    if ret < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
