@@ -52,4 +52,6 @@ VER=$($RUN "perl -e 'print \$^V'")
 OUT="$HERE/out/${2:-$VER}"
 mkdir -p "$OUT"
 $RUN "sh /tmp/perl-probe/inner.sh" > "$OUT/report.txt" 2>&1
-echo "wrote $OUT/report.txt"
+# The layout part alone, for maketable.py.
+awk '/^### \.\/probe \(layout\)/{f=1;next} /^### /{f=0} f' "$OUT/report.txt" > "$OUT/layout.txt"
+echo "wrote $OUT/report.txt and $OUT/layout.txt"
