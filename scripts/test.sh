@@ -28,6 +28,7 @@ if [[ $(id -u) -eq 0 ]]; then
   scripts/cpython-chroots.sh \
     || echo "test: no Debian sid CPython chroot; the CPython 3.13-3.15 tests will skip" >&2
   # PHP 8.2 (host), 8.4 and 8.5 (sid chroot), php-fpm and php-excimer.
+  scripts/perl-versions.sh || echo "test: no Perl 5.40-5.44 in the sid chroot; the Perl tests will fail" >&2
   scripts/php.sh || echo "test: PHP builds missing; the PHP tests will fail" >&2
   # A thread-safe PHP 8.2 built from Debian's source (once, cached).
   scripts/php-zts.sh || echo "test: no ZTS PHP; the PHP tests will fail" >&2

@@ -17,6 +17,7 @@ pub mod events;
 pub mod hotspot;
 pub mod memory;
 pub mod native;
+pub mod perl;
 pub mod php;
 pub mod programs;
 pub mod python;

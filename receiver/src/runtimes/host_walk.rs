@@ -4,7 +4,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::mpsc,
     time::Duration,
@@ -12,7 +12,7 @@ use std::{
 
 use icecore_unwinders::MemoryReader;
 
-use super::memory::ProcessMemory;
+use super::{memory::ProcessMemory, services::RuntimeFile};
 
 /// How long a runtime may take to start and print its first line.
 const FIRST_LINE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -48,6 +48,57 @@ impl std::fmt::Display for Interpreter {
             None => write!(f, "{}", self.program.display()),
         }
     }
+}
+
+/// The host's `program` and the sid chroot's `in_sid` programs (paths in
+/// the chroot, without the leading `/`) that exist; each one missing is a
+/// missing prerequisite (`hint` says how to get it).
+pub fn host_and_sid(program: &str, in_sid: &[String], hint: &str) -> Vec<Interpreter> {
+    let mut found = Vec::new();
+    if Path::new(program).exists() {
+        found.push(Interpreter {
+            program: PathBuf::from(program),
+            root: None,
+        });
+    } else {
+        crate::test_support::missing_prerequisite(&format!("{program} ({hint})"));
+    }
+    let sid = crate::test_support::sid_root();
+    for program in in_sid {
+        if sid.join(program).exists() {
+            found.push(Interpreter {
+                program: Path::new("/").join(program),
+                root: Some(sid.clone()),
+            });
+        } else {
+            crate::test_support::missing_prerequisite(&format!(
+                "{program} in {} ({hint})",
+                sid.display()
+            ));
+        }
+    }
+    found
+}
+
+/// The runtime file `pid` maps (among the files `is_runtime_name` picks)
+/// that `inspect` reads, with its load bias.
+pub fn mapped_runtime<B: RuntimeFile, E>(
+    pid: u32,
+    is_runtime_name: impl Fn(&str) -> bool,
+    inspect: impl Fn(&Path) -> Result<B, E>,
+) -> (B, u64) {
+    let mappings = crate::process_maps::ProcessMappings::read(pid).unwrap();
+    mappings
+        .executable()
+        .filter(|m| is_runtime_name(&m.path))
+        .find_map(|m| {
+            let binary = super::services::mapped_file_paths(pid, m)
+                .iter()
+                .find_map(|path| inspect(path).ok())?;
+            let bias = binary.load_bias(m.start, m.file_offset)?;
+            Some((binary, bias))
+        })
+        .unwrap_or_else(|| panic!("no runtime file among {pid}'s mappings"))
 }
 
 /// A live process's memory, as the BPF walk reads it.

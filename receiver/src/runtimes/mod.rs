@@ -24,6 +24,7 @@ pub mod hotspot;
 pub mod memory;
 pub mod object_cache;
 pub mod perf_map;
+pub mod perl;
 pub mod php;
 pub mod python;
 pub mod registry;

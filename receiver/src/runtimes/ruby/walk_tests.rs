@@ -21,9 +21,12 @@ use crate::{
     process_maps::ProcessMappings,
     runtimes::{
         RuntimePlugin,
-        host_walk::{HostMemory, Interpreter as Ruby, Stopped, spawn_and_read_line},
+        host_walk::{
+            HostMemory, Interpreter as Ruby, Stopped, host_and_sid, mapped_runtime,
+            spawn_and_read_line,
+        },
         memory::ProcessMemory,
-        services::{MemoryProcessMap, RuntimeFile, mapped_file_paths},
+        services::MemoryProcessMap,
     },
 };
 
@@ -63,48 +66,15 @@ const EXPECTED: [(&str, &[u32]); 7] = [
 /// Debian's ruby3.1, sid's ruby3.3 and experimental's ruby3.4
 /// (`scripts/cpython-chroots.sh`).
 fn interpreters() -> Vec<Ruby> {
-    let mut found = Vec::new();
-    let host = PathBuf::from("/usr/bin/ruby3.1");
-    if host.exists() {
-        found.push(Ruby {
-            program: host,
-            root: None,
-        });
-    } else {
-        crate::test_support::missing_prerequisite("Debian ruby3.1 (apt-get install ruby3.1)");
-    }
-    let sid = crate::test_support::sid_root();
-    for minor in [3, 4] {
-        let program = format!("usr/bin/ruby3.{minor}");
-        if sid.join(&program).exists() {
-            found.push(Ruby {
-                program: Path::new("/").join(program),
-                root: Some(sid.clone()),
-            });
-        } else {
-            crate::test_support::missing_prerequisite(&format!(
-                "Debian ruby3.{minor} in {} (scripts/cpython-chroots.sh)",
-                sid.display()
-            ));
-        }
-    }
-    found
-}
-
-/// The CRuby file the process maps, and its load bias.
-fn ruby_binary(pid: u32) -> (RubyBinary, u64) {
-    let mappings = ProcessMappings::read(pid).unwrap();
-    mappings
-        .executable()
-        .filter(|m| is_ruby_name(&m.path))
-        .find_map(|m| {
-            let binary = mapped_file_paths(pid, m)
-                .iter()
-                .find_map(|path| inspect(path).ok())?;
-            let bias = binary.load_bias(m.start, m.file_offset)?;
-            Some((binary, bias))
-        })
-        .unwrap_or_else(|| panic!("no CRuby among {pid}'s mappings"))
+    let in_sid: Vec<String> = [3, 4]
+        .iter()
+        .map(|m| format!("usr/bin/ruby3.{m}"))
+        .collect();
+    host_and_sid(
+        "/usr/bin/ruby3.1",
+        &in_sid,
+        "apt-get install ruby3.1; scripts/cpython-chroots.sh",
+    )
 }
 
 /// The words the BPF program writes for the walk of `fs_base`'s thread.
@@ -144,7 +114,7 @@ fn the_bpf_walk_and_the_plugin_name_every_frame_of_live_processes() {
         let (child, line) = spawn_and_read_line(ruby.command().args(["-e", SCRIPT]));
         assert_eq!(line, "ready");
         let pid = child.pid();
-        let (binary, bias) = ruby_binary(pid);
+        let (binary, bias): (RubyBinary, u64) = mapped_runtime(pid, is_ruby_name, inspect);
         let memory = ProcessMemory::open(pid).unwrap();
         let process = binary
             .bpf_process(bias, |a| memory.read_u64(a).ok())
