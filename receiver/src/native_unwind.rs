@@ -104,8 +104,9 @@ pub struct NativeUnwindInfo {
     idle: HashMap<u64, Instant>,
     /// Files each described process references.
     process_files: HashMap<u32, Vec<FileKey>>,
-    /// Tables whose slot is being set, by file id.
-    installing: HashMap<u64, FileKey>,
+    /// Tables whose slot is being set, by file id, and the files waiting
+    /// for each (copies of one file share its table).
+    installing: HashMap<u64, Vec<FileKey>>,
     /// The runtimes' code of each described process that has any.
     runtimes: HashMap<u32, ProcessRuntimes>,
     jobs: mpsc::SyncSender<BuildJob>,
@@ -333,7 +334,10 @@ impl NativeUnwindInfo {
                 self.users.entry(key).or_default().insert(pid);
                 let live = self.maps.is_live(built.file_id);
                 if !live {
-                    self.installing.insert(built.file_id, key);
+                    let waiting = self.installing.entry(built.file_id).or_default();
+                    if !waiting.contains(&key) {
+                        waiting.push(key);
+                    }
                 }
                 Some((slot, live))
             }
@@ -425,20 +429,25 @@ impl NativeUnwindInfo {
             ready.push(key);
         }
         for done in self.maps.poll_installs() {
-            let Some(key) = self.installing.remove(&done.file_id) else {
+            let Some(keys) = self.installing.remove(&done.file_id) else {
                 continue;
             };
             if !done.live {
                 self.stats.map_update_failures += 1;
-                // Not tried again at every description: its mappings go
-                // without a table (frame pointers), as an unusable file's do.
-                if key == FileKey::VDSO {
-                    self.vdso = None;
-                } else {
-                    self.files.put(key, FileState::Unusable);
-                }
             }
-            ready.push(key);
+            for key in keys {
+                if !done.live {
+                    // Not tried again at every description: its mappings go
+                    // without a table (frame pointers), as an unusable
+                    // file's do.
+                    if key == FileKey::VDSO {
+                        self.vdso = None;
+                    } else {
+                        self.files.put(key, FileState::Unusable);
+                    }
+                }
+                ready.push(key);
+            }
         }
         if ready.is_empty() {
             return Vec::new();
