@@ -19,6 +19,7 @@ if [[ $(id -u) -eq 0 ]]; then
   command -v objcopy >/dev/null || missing+=(binutils)
   # Debian's CRuby 3.1, which the Ruby walk is checked against.
   [[ -x /usr/bin/ruby3.1 ]] || missing+=(ruby3.1)
+  perl -MDevel::NYTProf -e1 2>/dev/null || missing+=(libdevel-nytprof-perl)
   # Debian's OpenJDK 17, whose javac compiles the Java fixtures.
   [[ -x /usr/lib/jvm/java-17-openjdk-amd64/bin/javac ]] || missing+=(openjdk-17-jdk-headless)
   if ((${#missing[@]})); then

@@ -176,7 +176,7 @@ pub(crate) struct Cli {
     )]
     pids: Vec<String>,
 
-    /// Runtimes whose frames are unwound or named: all, none, or a comma-separated list of cpython, cruby, hotspot, v8, php, perf-map [default: all]
+    /// Runtimes whose frames are unwound or named: all, none, or a comma-separated list of cpython, cruby, hotspot, v8, php, perl, perf-map [default: all]
     #[arg(long, value_name = "LIST")]
     runtimes: Option<String>,
 

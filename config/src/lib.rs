@@ -68,7 +68,9 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 
 /// Every runtime `runtimes` may name (the receiver's registry checks that it
 /// has exactly these).
-pub const RUNTIME_NAMES: [&str; 6] = ["cpython", "cruby", "hotspot", "v8", "php", "perf-map"];
+pub const RUNTIME_NAMES: [&str; 7] = [
+    "cpython", "cruby", "hotspot", "v8", "php", "perl", "perf-map",
+];
 
 /// Where Docker container names are read from.
 #[derive(Debug, Clone, PartialEq, Eq)]

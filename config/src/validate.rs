@@ -40,7 +40,7 @@ pub(crate) const EXPECTED_RECEIVER_MEMORY: &str =
     "a size from 1MiB to 16GiB, like 128MiB or 1GiB (a plain number is bytes)";
 pub(crate) const EXPECTED_FILE_COUNT: &str = "a number of files from 0 (no limit) to 100000000";
 pub(crate) const EXPECTED_RUNTIMES: &str =
-    "`all`, `none`, or a comma-separated list of cpython, cruby, hotspot, v8, php, perf-map";
+    "`all`, `none`, or a comma-separated list of cpython, cruby, hotspot, v8, php, perl, perf-map";
 pub(crate) const EXPECTED_PID: &str = "a process ID, an integer from 1 to 2147483647";
 pub(crate) const EXPECTED_PIDS: &str =
     "a list of process IDs, integers from 1 to 2147483647, like [1234, 5678]";

@@ -5,7 +5,7 @@
 //! native unwinder, which walks the user stack a bounded number of frames per
 //! program and tail-calls itself to continue, handing frames to runtime
 //! unwinders (`unwind_python`, `unwind_ruby`, `unwind_hotspot`, `unwind_v8`,
-//! `unwind_php`) where the program counter enters code they own (see
+//! `unwind_php`, `unwind_perl`) where the program counter enters code they own (see
 //! `icecore_unwinders::runtime`); the last program copies the finished
 //! record into the ring buffer. Every way a sample can end or degrade bumps a
 //! named counter (see `icecore_unwinders::Counter`).
@@ -99,6 +99,7 @@ unwinder!(
 );
 unwinder!(unwind_v8, off_cpu_unwind_v8, runtimes::v8::unwind);
 unwinder!(unwind_php, off_cpu_unwind_php, runtimes::php::unwind);
+unwinder!(unwind_perl, off_cpu_unwind_perl, runtimes::perl::unwind);
 unwinder!(emit_sample, off_cpu_emit_sample, emit::emit_program);
 
 /// A context switch: the end of `next`'s wait, the start of `prev`'s.

@@ -14,6 +14,7 @@ use icecore_unwinders::{
         ProcessMappingTable, UnwindChunk,
         mappings::{PROCESS_PAGES, PROCESS_SLOTS_MAX, PROCESS_TABLES_PER_PAGE},
     },
+    perl::{PERL_PROCESSES_MAX, PerlProcess},
     php::{PHP_PROCESSES_MAX, PhpProcess},
     programs::PROGRAM_COUNT,
     python::{PYTHON_PROCESSES_MAX, PythonProcess},
@@ -82,6 +83,12 @@ pub static V8_PROCESSES: HashMap<u32, V8Process> = HashMap::with_max_entries(V8_
 #[map]
 pub static PHP_PROCESSES: HashMap<u32, PhpProcess> =
     HashMap::with_max_entries(PHP_PROCESSES_MAX, 0);
+
+/// pid → what the Perl unwinder needs of that process, written by the Perl
+/// plugin.
+#[map]
+pub static PERL_PROCESSES: HashMap<u32, PerlProcess> =
+    HashMap::with_max_entries(PERL_PROCESSES_MAX, 0);
 
 /// One `unknown_process` policy value, set by user space once it describes
 /// processes to BPF.

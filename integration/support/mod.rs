@@ -20,6 +20,7 @@ pub mod native;
 pub mod node;
 pub mod otlp;
 pub mod parca;
+pub mod perl;
 pub mod php;
 pub mod pprof;
 pub mod pyroscope;

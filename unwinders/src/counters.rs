@@ -133,10 +133,24 @@ pub enum Counter {
     OffCpuKernelThread = 48,
     /// Off-CPU end records written to the ring buffer.
     OffCpuEnds = 49,
+    /// Perl frames walked (subs, evals and the main program).
+    PerlFrames = 50,
+    /// A Perl process's sampled thread had no interpreter or stack info to
+    /// walk (a thread Perl did not start, startup, shutdown), or it could
+    /// not be read.
+    PerlNoInterpreter = 51,
+    /// Reading a Perl context failed mid-walk; the walk ends there.
+    PerlReadFailed = 52,
+    /// The Perl stack hit the frame, context, record or tail-call limit and
+    /// was cut.
+    PerlStackTruncated = 53,
+    /// The native unwinder ran the Perl unwinder for a process that has no
+    /// `PERL_PROCESSES` entry.
+    PerlProcessMissing = 54,
 }
 
 /// Number of counters (the `COUNTERS` array size).
-pub const COUNTER_COUNT: u32 = 50;
+pub const COUNTER_COUNT: u32 = 55;
 
 impl Counter {
     /// Every counter, in index order.
@@ -191,6 +205,11 @@ impl Counter {
         Counter::OffCpuMapFull,
         Counter::OffCpuKernelThread,
         Counter::OffCpuEnds,
+        Counter::PerlFrames,
+        Counter::PerlNoInterpreter,
+        Counter::PerlReadFailed,
+        Counter::PerlStackTruncated,
+        Counter::PerlProcessMissing,
     ];
 
     /// Stable snake_case name, used in logs and metrics.
@@ -246,6 +265,11 @@ impl Counter {
             Counter::OffCpuMapFull => "off_cpu_map_full",
             Counter::OffCpuKernelThread => "off_cpu_kernel_thread",
             Counter::OffCpuEnds => "off_cpu_ends",
+            Counter::PerlFrames => "perl_frames",
+            Counter::PerlNoInterpreter => "perl_no_interpreter",
+            Counter::PerlReadFailed => "perl_read_failed",
+            Counter::PerlStackTruncated => "perl_stack_truncated",
+            Counter::PerlProcessMissing => "perl_process_missing",
         }
     }
 }

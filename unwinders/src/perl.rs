@@ -19,10 +19,32 @@
 //! type bits ([`cx`]) are the same in every supported version (5.36 to
 //! 5.44, `scripts/perl-probe`).
 
-use crate::{MemoryReader, memory::tls_block};
+use crate::{
+    Counter, MemoryReader, ProgramIndex,
+    memory::tls_block,
+    runtime::{BpfRuntime, TagRange},
+};
+
+/// Perl's BPF half.
+pub const PERL: BpfRuntime = BpfRuntime {
+    name: "perl",
+    program: ProgramIndex::Perl,
+    program_name: "unwind_perl",
+    tags: TagRange { first: 0x60 },
+    counters: &[
+        Counter::PerlFrames,
+        Counter::PerlNoInterpreter,
+        Counter::PerlReadFailed,
+        Counter::PerlStackTruncated,
+        Counter::PerlProcessMissing,
+    ],
+};
 
 /// Perl's word tags (16 values from `0x60`).
-pub const TAGS: crate::runtime::TagRange = crate::runtime::TagRange { first: 0x60 };
+pub const TAGS: TagRange = PERL.tags;
+
+/// Perl processes BPF holds data for at once.
+pub const PERL_PROCESSES_MAX: u32 = 4096;
 
 /// Perl's local word tags. A frame is a [`SUB`], [`MULTICALL_SUB`],
 /// [`EVAL`] or [`MAIN`] word followed by a [`COP`] word.
@@ -38,7 +60,9 @@ pub mod word {
     pub const EVAL: u8 = 2;
     /// The main program's frame, the oldest.
     pub const MAIN: u8 = 3;
-    /// The word after a frame word: the COP (statement) the frame is at.
+    /// The word after a frame word: the COP (statement) the frame is at,
+    /// with [`super::CALLERS_STATEMENT`] set on the newest frame's when it
+    /// is the statement its caller called it from.
     pub const COP: u8 = 4;
     /// The walk moved to an older stack info: the frames before this word
     /// ran in a run loop of their own.
@@ -47,6 +71,14 @@ pub mod word {
     /// describe it yet): the only word of the run, so user space tries again.
     pub const NOT_DESCRIBED: u8 = 6;
 }
+
+/// Set in the newest frame's [`word::COP`] payload when `PL_curcop` is the
+/// statement its caller called it from: either the frame was entered and
+/// has run no statement of its own yet (the call pushed its context, its
+/// first statement has not set `PL_curcop`), or it is a recursive call at
+/// the very statement that made it. User space tells them apart (the
+/// caller's sub is the same in the second case).
+pub const CALLERS_STATEMENT: u64 = 1 << 48;
 
 /// Context type bits (`cop.h`), the same in 5.36 to 5.44.
 pub mod cx {
@@ -152,8 +184,10 @@ pub struct PerlWalkState {
     pub contexts_read: u16,
     /// 1 once the interpreter was looked up.
     pub started: u8,
+    /// 1 once a frame was reported.
+    pub reported: u8,
     /// Zero.
-    pub reserved: [u8; 7],
+    pub reserved: [u8; 6],
 }
 
 const _: () = assert!(core::mem::size_of::<PerlWalkState>() == 40);
@@ -169,6 +203,7 @@ impl PerlWalkState {
         self.frames = 0;
         self.contexts_read = 0;
         self.started = 0;
+        self.reported = 0;
     }
 }
 
@@ -323,7 +358,10 @@ impl PerlProcess {
             }
             _ => return PerlStep::Skipped,
         };
-        let cop_word = TAGS.word(word::COP, state.cop);
+        let callers = state.reported == 0 && older_cop == state.cop;
+        let flag = if callers { CALLERS_STATEMENT } else { 0 };
+        let cop_word = TAGS.word(word::COP, state.cop | flag);
+        state.reported = 1;
         state.cop = older_cop;
         PerlStep::Frame {
             frame_word,

@@ -30,6 +30,8 @@ pub enum ProgramIndex {
     V8 = 6,
     /// Walks PHP's frames (see [`crate::php`]).
     Php = 7,
+    /// Walks Perl's contexts (see [`crate::perl`]).
+    Perl = 8,
 }
 
 impl ProgramIndex {
@@ -43,7 +45,7 @@ impl ProgramIndex {
 }
 
 /// Number of slots in the program array.
-pub const PROGRAM_COUNT: u32 = 8;
+pub const PROGRAM_COUNT: u32 = 9;
 
 /// Tail calls one sample may use. The kernel allows 33 per chain (32 before
 /// 5.17); keeping a margin leaves room for the final jump to `Emit`.

@@ -1,5 +1,5 @@
-//! How runtime unwinders (CPython, CRuby, HotSpot, V8 and PHP now; Perl
-//! and .NET next) plug into the native unwinder, on the BPF side.
+//! How runtime unwinders (CPython, CRuby, HotSpot, V8, PHP and Perl now;
+//! .NET next) plug into the native unwinder, on the BPF side.
 //!
 //! # Dispatch by program counter
 //!
@@ -146,12 +146,13 @@ pub struct BpfRuntime {
 }
 
 /// Every runtime with a BPF program, in program-slot order.
-pub const BPF_RUNTIMES: [BpfRuntime; 5] = [
+pub const BPF_RUNTIMES: [BpfRuntime; 6] = [
     crate::python::CPYTHON,
     crate::ruby::CRUBY,
     crate::hotspot::HOTSPOT,
     crate::v8::V8,
     crate::php::PHP,
+    crate::perl::PERL,
 ];
 
 /// Per-runtime state areas in the unwind state, kept between the tail calls
@@ -169,9 +170,11 @@ pub struct RuntimeStates {
     pub v8: crate::v8::V8WalkState,
     /// PHP's walk.
     pub php: crate::php::PhpWalkState,
+    /// Perl's walk.
+    pub perl: crate::perl::PerlWalkState,
 }
 
-const _: () = assert!(core::mem::size_of::<RuntimeStates>() == 72);
+const _: () = assert!(core::mem::size_of::<RuntimeStates>() == 112);
 
 impl RuntimeStates {
     /// Readies every runtime's state for a new sample. Field by field: a
@@ -184,6 +187,7 @@ impl RuntimeStates {
         self.hotspot.reset();
         self.v8.reset();
         self.php.reset();
+        self.perl.reset();
     }
 }
 

@@ -149,7 +149,7 @@ pub struct UnwindScratch {
 
 const _: () = assert!(core::mem::size_of::<SampleHeader>() == 56);
 const _: () = assert!(core::mem::size_of::<SampleRecord>() == 56 + MAX_FRAMES * 8);
-const _: () = assert!(core::mem::size_of::<UnwindState>() == 112);
+const _: () = assert!(core::mem::size_of::<UnwindState>() == 152);
 const _: () = assert!(
     core::mem::size_of::<UnwindScratch>()
         == core::mem::size_of::<SampleRecord>()

@@ -19,3 +19,4 @@ unsafe impl aya::Pod for crate::ruby::RubyProcess {}
 unsafe impl aya::Pod for crate::hotspot::HotSpotProcess {}
 unsafe impl aya::Pod for crate::v8::V8Process {}
 unsafe impl aya::Pod for crate::php::PhpProcess {}
+unsafe impl aya::Pod for crate::perl::PerlProcess {}

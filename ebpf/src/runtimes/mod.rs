@@ -4,6 +4,7 @@
 //! `main.rs` with one `#[perf_event]` function.
 
 pub mod hotspot;
+pub mod perl;
 pub mod php;
 pub mod python;
 pub mod ruby;

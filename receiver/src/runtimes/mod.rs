@@ -9,7 +9,8 @@
 //! - [`stack`]: one sample's user words (native addresses and runtimes'
 //!   tagged words) turned into frames.
 //! - [`python`]: CPython 3.8–3.15; [`ruby`]: CRuby 3.1–3.4; [`hotspot`]:
-//!   OpenJDK 8–27; [`v8`]: Node.js 18–24; [`php`]: PHP 8.0–8.5; [`perf_map`]:
+//!   OpenJDK 8–27; [`v8`]: Node.js 18–24; [`php`]: PHP 8.0–8.5; [`perl`]:
+//!   Perl 5.36–5.44; [`perf_map`]:
 //!   JIT code named from perf maps and jitdump files (Node.js, .NET,
 //!   Erlang, Julia, …).
 //!

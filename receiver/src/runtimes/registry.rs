@@ -4,12 +4,12 @@
 
 use icecore_otlp::model::FrameKind;
 use icecore_unwinders::{
-    BpfRuntime, hotspot::HOTSPOT, php::PHP, python::CPYTHON, ruby::CRUBY, v8::V8,
+    BpfRuntime, hotspot::HOTSPOT, perl::PERL, php::PHP, python::CPYTHON, ruby::CRUBY, v8::V8,
 };
 
 use super::{
-    RuntimePlugin, hotspot::plugin::HotSpotPlugin, perf_map::PerfMapPlugin, php::PhpPlugin,
-    python::PythonPlugin, ruby::RubyPlugin, v8::plugin::V8Plugin,
+    RuntimePlugin, hotspot::plugin::HotSpotPlugin, perf_map::PerfMapPlugin, perl::PerlPlugin,
+    php::PhpPlugin, python::PythonPlugin, ruby::RubyPlugin, v8::plugin::V8Plugin,
 };
 use crate::sampler::{CpuSampler, SamplerError};
 
@@ -98,6 +98,19 @@ pub static PHP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     },
 };
 
+/// Perl 5.36–5.44 (threaded builds, as Debian's).
+pub static PERL_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
+    name: PERL.name,
+    summary: "Perl 5.36-5.44: subs with their packages, files and lines, evals and the main \
+              program, XS functions in place",
+    frame_kind: FrameKind::Perl,
+    bpf: Some(&PERL),
+    build: |sampler| {
+        let map = sampler.runtime_process_map(&PERL, "PERL_PROCESSES")?;
+        Ok(Box::new(PerlPlugin::new(Box::new(map))))
+    },
+};
+
 /// JIT code named from `/tmp/perf-PID.map` and `jit-PID.dump`.
 pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
     name: "perf-map",
@@ -109,12 +122,13 @@ pub static PERF_MAP_RUNTIME: RuntimeDescriptor = RuntimeDescriptor {
 };
 
 /// Every runtime, in the order plugins are offered a process.
-pub static RUNTIMES: [&RuntimeDescriptor; 6] = [
+pub static RUNTIMES: [&RuntimeDescriptor; 7] = [
     &CPYTHON_RUNTIME,
     &CRUBY_RUNTIME,
     &HOTSPOT_RUNTIME,
     &V8_RUNTIME,
     &PHP_RUNTIME,
+    &PERL_RUNTIME,
     &PERF_MAP_RUNTIME,
 ];
 

@@ -61,6 +61,7 @@ fn off_cpu_build(perf_program: &str) -> Option<&'static str> {
         "unwind_hotspot" => "off_cpu_unwind_hotspot",
         "unwind_v8" => "off_cpu_unwind_v8",
         "unwind_php" => "off_cpu_unwind_php",
+        "unwind_perl" => "off_cpu_unwind_perl",
         _ => return None,
     })
 }

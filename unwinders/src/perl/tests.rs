@@ -161,6 +161,26 @@ fn older_stack_infos_follow_a_switch_word() {
 }
 
 #[test]
+fn a_newest_frame_at_its_callers_statement_is_flagged() {
+    let mut m = image();
+    // `B` was just called from 0xc2 and has run no statement: `PL_curcop`
+    // is still the caller's (the eval and try are gone).
+    stackinfo(&mut m, MAIN_SI, MAIN_CXS, 3, 0);
+    m.put(INTERP + 208, 0xc2);
+    let p = process(context_kind::GLOBAL, 0);
+    let words = walk(&p, &mut m);
+    assert_eq!(
+        words[..4],
+        [
+            w(word::SUB, 0xb0),
+            w(word::COP, 0xc2 | CALLERS_STATEMENT),
+            w(word::SUB, 0xa0),
+            w(word::COP, 0xc2)
+        ]
+    );
+}
+
+#[test]
 fn an_empty_program_is_main_at_the_running_statement() {
     let mut m = Image::default();
     m.put(INTERP + 208, 0xc4);

@@ -36,6 +36,8 @@ pub struct PerlLayout {
     pub sv_u: u16,
     /// `XPVCV.xcv_stash`.
     pub xcv_stash: u16,
+    /// `XPVCV.xcv_start_u` (`CvSTART`, the first op run).
+    pub xcv_start: u16,
     /// `XPVCV.xcv_gv_u` (the GV, or with `CVf_NAMED` the name's HEK).
     pub xcv_gv: u16,
     /// `XPVCV.xcv_file`.
@@ -70,9 +72,18 @@ pub struct PerlLayout {
     pub cop_line: u16,
     /// `COP.cop_file` (a C string in threaded builds).
     pub cop_file: u16,
+    /// `OP.op_next`.
+    pub op_next: u16,
+    /// `OP.op_type` (the low 9 bits of a `u16`).
+    pub op_type: u16,
+    /// `OP_NEXTSTATE`: a statement's COP (opcode numbers change with
+    /// every version).
+    pub op_nextstate: u16,
+    /// `OP_DBSTATE`: a statement's COP under the debugger.
+    pub op_dbstate: u16,
 }
 
-/// What every supported version shares (all of it, for now).
+/// What every supported version shares (5.36's opcode numbers).
 const COMMON: PerlLayout = PerlLayout {
     version: (5, 36),
     interp_curcop: 208,
@@ -87,6 +98,7 @@ const COMMON: PerlLayout = PerlLayout {
     sv_flags: 12,
     sv_u: 16,
     xcv_stash: 32,
+    xcv_start: 40,
     xcv_gv: 56,
     xcv_file: 64,
     xcv_flags: 92,
@@ -104,6 +116,10 @@ const COMMON: PerlLayout = PerlLayout {
     hv_aux_name_count: 60,
     cop_line: 36,
     cop_file: 48,
+    op_next: 0,
+    op_type: 32,
+    op_nextstate: 195,
+    op_dbstate: 196,
 };
 
 /// Every supported version's layout.
@@ -114,14 +130,20 @@ pub const LAYOUTS: [PerlLayout; 4] = [
     },
     PerlLayout {
         version: (5, 40),
+        op_nextstate: 198,
+        op_dbstate: 199,
         ..COMMON
     },
     PerlLayout {
         version: (5, 42),
+        op_nextstate: 202,
+        op_dbstate: 203,
         ..COMMON
     },
     PerlLayout {
         version: (5, 44),
+        op_nextstate: 202,
+        op_dbstate: 203,
         ..COMMON
     },
 ];

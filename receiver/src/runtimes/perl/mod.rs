@@ -5,6 +5,7 @@
 //! - [`layouts`]: per-version struct offsets, as data.
 //! - [`objects`]: sub names (CV, GV, stash) and statements (COP) read from
 //!   the process.
+//! - [`plugin`]: the [`RuntimePlugin`](super::RuntimePlugin).
 //!
 //! BPF's walk (`icecore_unwinders::perl`) reports each sub call as its CV
 //! and the COP its frame is at, and ends with the main program's frame.
@@ -12,5 +13,8 @@
 pub mod detect;
 pub mod layouts;
 pub mod objects;
+pub mod plugin;
 #[cfg(test)]
 mod walk_tests;
+
+pub use plugin::PerlPlugin;

@@ -11,6 +11,9 @@ use crate::runtimes::memory::{MemoryError, ProcessMemory};
 const MAX_STRING_BYTES: u64 = 4096;
 /// Bytes read at once when looking for a C string's end.
 const STRING_CHUNK: u64 = 256;
+/// Ops followed from a sub's start to its first statement at most (a
+/// sub's first op is its first statement's COP, or a few ops before it).
+const MAX_OPS_TO_FIRST_STATEMENT: usize = 16;
 
 /// A sub, as Perl's `caller` names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,6 +159,22 @@ impl PerlObjects<'_> {
             file: self.c_string(file)?,
             line,
         })
+    }
+
+    /// The first statement of the sub whose CV is at `cv`: where a sub
+    /// just entered is.
+    pub fn first_statement(&self, cv: u64) -> Result<Statement, ObjectError> {
+        let l = self.layout;
+        let body = self.pointer(cv + u64::from(l.sv_any), "CV body")?;
+        let mut op = self.pointer(body + u64::from(l.xcv_start), "CV start")?;
+        for _ in 0..MAX_OPS_TO_FIRST_STATEMENT {
+            let kind = self.memory.read_u32(op + u64::from(l.op_type))? as u16 & 0x1ff;
+            if kind == l.op_nextstate || kind == l.op_dbstate {
+                return self.statement(op);
+            }
+            op = self.pointer(op + u64::from(l.op_next), "next op")?;
+        }
+        Err(ObjectError::Null("first statement"))
     }
 
     /// The NUL-terminated string at `at`, read a chunk at a time (never

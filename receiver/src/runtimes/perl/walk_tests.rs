@@ -119,11 +119,24 @@ fn the_bpf_walk_and_the_objects_name_every_frame_of_live_processes() {
                 panic!("{perl}: a lone word in {words:x?}")
             };
             assert_eq!(TAGS.local_tag(*cop), Some(word::COP), "{perl}: {words:x?}");
-            let payload = |w: u64| w & icecore_unwinders::runtime::PAYLOAD_MASK;
+            let payload = |w: u64| {
+                w & icecore_unwinders::runtime::PAYLOAD_MASK
+                    & !icecore_unwinders::perl::CALLERS_STATEMENT
+            };
             let name = match TAGS.local_tag(*frame) {
                 Some(word::SUB) | Some(word::MULTICALL_SUB) => {
+                    let cv = payload(*frame);
+                    // Every sub of the script is one line: its first
+                    // statement is where it is.
+                    let first = objects
+                        .first_statement(cv)
+                        .unwrap_or_else(|e| panic!("{perl}: {e}"));
+                    let at = objects
+                        .statement(payload(*cop))
+                        .unwrap_or_else(|e| panic!("{perl}: {e}"));
+                    assert_eq!((&first.file, first.line), (&at.file, at.line), "{perl}");
                     objects
-                        .sub_name(payload(*frame))
+                        .sub_name(cv)
                         .unwrap_or_else(|e| panic!("{perl}: {e}"))
                         .name
                 }
