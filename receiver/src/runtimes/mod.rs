@@ -22,6 +22,7 @@ pub(crate) mod dwarf_layout;
 #[cfg(test)]
 pub(crate) mod host_walk;
 pub mod hotspot;
+pub mod interpreters;
 pub mod memory;
 pub mod object_cache;
 pub mod perf_map;

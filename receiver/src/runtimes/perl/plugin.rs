@@ -2,11 +2,7 @@
 //! into frames (`Shop::total` at `shop.pl:12`, `main::__ANON__`, `(eval)`,
 //! `main`), each run loop's frames in the place of its `Perl_runops_*` frame.
 
-use std::{
-    collections::HashMap,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use icecore_otlp::model::{Frame, FrameKind, Line};
 use icecore_unwinders::{
@@ -15,7 +11,7 @@ use icecore_unwinders::{
     runtime::PAYLOAD_MASK,
 };
 use lru::LruCache;
-use tracing::{debug, info};
+use tracing::info;
 
 use super::{
     detect::{PerlBinary, inspect, is_perl_name},
@@ -25,10 +21,10 @@ use crate::{
     process_maps::ProcessMappings,
     runtimes::{
         Attachment, RuntimeCode, RuntimeDescriptor, RuntimePlugin, RuntimeStats,
-        memory::LazyMemory,
+        interpreters::{Interpreter, Interpreters},
         object_cache::{ObjectCache, lru},
         registry::PERL_RUNTIME,
-        services::{FileProbes, ProcessMap, remove_where},
+        services::{ProcessMap, remove_where},
     },
     symbolize::Symbolizer,
 };
@@ -43,8 +39,6 @@ const FRAME_CACHE: usize = 65_536;
 /// anonymous sub's closures, a string `eval`'s code and a redefined sub
 /// are freed, and their addresses may be taken by others.
 const REREAD_AFTER: Duration = Duration::from_secs(1);
-/// A process BPF could not be told of yet is tried again at most this often.
-const DESCRIBE_RETRY: Duration = Duration::from_millis(200);
 
 /// What a frame is, as BPF reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -140,44 +134,31 @@ pub fn parse(words: &[u64]) -> SampleWords {
     out
 }
 
-/// One Perl process.
-struct PerlInstance {
-    binary: Arc<PerlBinary>,
-    bias: u64,
-    memory: LazyMemory,
-    /// Whether BPF has its entry.
-    described: bool,
-    /// When describing it was last tried.
-    tried_at: Instant,
-}
-
-impl PerlInstance {
-    fn attachment(&self) -> Attachment {
-        let code = self
-            .binary
-            .run_loops
-            .iter()
-            .map(|range| RuntimeCode {
-                start: range.start.wrapping_add(self.bias),
-                end: range.end.wrapping_add(self.bias),
-                dispatch: Dispatch::Deferred,
-            })
-            .collect();
-        Attachment {
-            code,
-            // An XS module without unwind information ends the native walk
-            // early: the Perl frames below it are still walked.
-            walk_after_early_end: true,
-            names_anonymous_code: false,
-        }
+/// The code of a Perl process its program unwinds: the run loops.
+fn attachment(process: &Interpreter<PerlBinary, ()>) -> Attachment {
+    let code = process
+        .binary
+        .run_loops
+        .iter()
+        .map(|range| RuntimeCode {
+            start: range.start.wrapping_add(process.bias),
+            end: range.end.wrapping_add(process.bias),
+            dispatch: Dispatch::Deferred,
+        })
+        .collect();
+    Attachment {
+        code,
+        // An XS module without unwind information ends the native walk
+        // early: the Perl frames below it are still walked.
+        walk_after_early_end: true,
+        names_anonymous_code: false,
     }
 }
 
 /// The Perl plugin.
 pub struct PerlPlugin {
     map: Box<dyn ProcessMap<PerlProcess>>,
-    binaries: FileProbes<PerlBinary>,
-    processes: HashMap<u32, PerlInstance>,
+    processes: Interpreters<PerlBinary>,
     subs: ObjectCache<SubName>,
     statements: ObjectCache<Statement>,
     /// Each sub's first statement, by CV.
@@ -192,8 +173,7 @@ impl PerlPlugin {
     pub fn new(map: Box<dyn ProcessMap<PerlProcess>>) -> Self {
         PerlPlugin {
             map,
-            binaries: FileProbes::new(BINARY_CACHE),
-            processes: HashMap::new(),
+            processes: Interpreters::new(BINARY_CACHE),
             subs: ObjectCache::new(OBJECT_CACHE, REREAD_AFTER),
             statements: ObjectCache::new(OBJECT_CACHE, REREAD_AFTER),
             starts: ObjectCache::new(OBJECT_CACHE, REREAD_AFTER),
@@ -204,33 +184,23 @@ impl PerlPlugin {
 
     /// Tells BPF how `pid`'s threads find their interpreter.
     fn describe(&mut self, pid: u32) {
-        let Some(instance) = self.processes.get_mut(&pid) else {
-            return;
-        };
-        instance.tried_at = Instant::now();
-        let bias = instance.bias;
-        let binary = instance.binary.clone();
-        let Some(memory) = instance.memory.get() else {
-            return;
-        };
-        let Some(process) = binary.bpf_process(bias, |a| memory.read_u64(a).ok()) else {
-            debug!(pid, "Perl's TLS module is not set up yet");
-            return;
-        };
-        if let Err(e) = self.map.insert(pid, &process) {
-            self.stats.attach_failures += 1;
-            debug!(pid, "cannot describe a Perl process to BPF: {e}");
-            return;
+        let written = self
+            .processes
+            .describe(pid, &mut *self.map, &mut self.stats, |process| {
+                let (binary, bias) = (process.binary.clone(), process.bias);
+                let memory = process.memory.get()?;
+                binary.bpf_process(bias, |a| memory.read_u64(a).ok())
+            });
+        if written && let Some(process) = self.processes.get(pid) {
+            info!(pid, version = %process.binary.version, "Perl process");
         }
-        instance.described = true;
-        info!(pid, version = %binary.version, "Perl process");
     }
 
     /// Runs `read` on the process's objects.
     fn objects<T>(&mut self, pid: u32, read: impl FnOnce(&PerlObjects<'_>) -> T) -> Option<T> {
-        let instance = self.processes.get_mut(&pid)?;
-        let binary = instance.binary.clone();
-        let memory = instance.memory.get()?;
+        let process = self.processes.get_mut(pid)?;
+        let binary = process.binary.clone();
+        let memory = process.memory.get()?;
         Some(read(&PerlObjects {
             layout: &binary.layout,
             memory,
@@ -354,35 +324,21 @@ impl RuntimePlugin for PerlPlugin {
     }
 
     fn attach(&mut self, pid: u32, mappings: &ProcessMappings) -> Option<Attachment> {
-        if let Some(instance) = self.processes.get(&pid) {
-            let claimed = instance.attachment();
-            if !instance.described {
-                self.describe(pid);
-            }
-            return Some(claimed);
-        }
-        let (binary, bias) = self.binaries.find_in(
+        let process = self.processes.claim(
             pid,
             mappings,
             ("Perl", &mut self.stats),
             is_perl_name,
             inspect,
+            || (),
         )?;
-        let instance = PerlInstance {
-            binary,
-            bias,
-            memory: LazyMemory::new(pid),
-            described: false,
-            tried_at: Instant::now(),
-        };
-        let claimed = instance.attachment();
-        self.processes.insert(pid, instance);
+        let claimed = attachment(process);
         self.describe(pid);
         Some(claimed)
     }
 
     fn detach(&mut self, pid: u32) {
-        if self.processes.remove(&pid).is_none() {
+        if !self.processes.remove(pid) {
             return;
         }
         self.map.remove(pid);
@@ -393,12 +349,7 @@ impl RuntimePlugin for PerlPlugin {
     }
 
     fn observe(&mut self, pid: u32, words: &[u64]) {
-        let sample = parse(words);
-        if sample.not_described
-            && let Some(instance) = self.processes.get(&pid)
-            && !instance.described
-            && instance.tried_at.elapsed() >= DESCRIBE_RETRY
-        {
+        if parse(words).not_described && self.processes.retry_due(pid) {
             self.describe(pid);
         }
         self.groups(pid, words, true);

@@ -2,11 +2,7 @@
 //! into frames (`Shop::total` at `shop.php:12`, `hash`, `<main>`), each
 //! `execute_ex` invocation's frames in the place of its `execute_ex` frame.
 
-use std::{
-    collections::HashMap,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use icecore_otlp::model::{Frame, FrameKind, Line};
 use icecore_unwinders::{
@@ -15,7 +11,7 @@ use icecore_unwinders::{
     runtime::PAYLOAD_MASK,
 };
 use lru::LruCache;
-use tracing::{debug, info};
+use tracing::info;
 
 use super::{
     detect::{Globals, PhpBinary, TlsOffset, inspect, is_php_name},
@@ -25,10 +21,10 @@ use crate::{
     process_maps::ProcessMappings,
     runtimes::{
         Attachment, RuntimeCode, RuntimeDescriptor, RuntimePlugin, RuntimeStats,
-        memory::LazyMemory,
+        interpreters::{Interpreter, Interpreters},
         object_cache::{ObjectCache, lru},
         registry::PHP_RUNTIME,
-        services::{FileProbes, ProcessMap, remove_where},
+        services::{ProcessMap, remove_where},
     },
     symbolize::Symbolizer,
 };
@@ -48,8 +44,6 @@ const RECHECK_AFTER: Duration = Duration::from_secs(1);
 /// Largest `executor_globals_offset` believed: the offset of the globals in
 /// a thread's TSRM block, which holds a few kilobytes of globals.
 const MAX_GLOBALS_OFFSET: u64 = 1 << 20;
-/// A process BPF could not be told of yet is tried again at most this often.
-const DESCRIBE_RETRY: Duration = Duration::from_millis(200);
 
 /// One frame as BPF reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -109,80 +103,68 @@ pub fn parse(words: &[u64]) -> SampleWords {
     out
 }
 
-/// One PHP process.
-struct PhpInstance {
-    binary: Arc<PhpBinary>,
-    bias: u64,
-    /// Opcache's JIT code: shared anonymous executable memory.
-    jit: Vec<RuntimeCode>,
-    memory: LazyMemory,
-    /// Whether BPF has its entry.
-    described: bool,
-    /// When describing it was last tried.
-    tried_at: Instant,
+/// One PHP process; beside it, opcache's JIT code (shared anonymous
+/// executable memory).
+type PhpInstance = Interpreter<PhpBinary, Vec<RuntimeCode>>;
+
+/// The code of a PHP process its program unwinds: `execute_ex` and the JIT code.
+fn attachment(process: &PhpInstance) -> Attachment {
+    let mut code: Vec<RuntimeCode> = std::iter::once(&process.binary.execute_ex)
+        .chain(&process.binary.execute_ex_cold)
+        .map(|range| RuntimeCode {
+            start: range.start.wrapping_add(process.bias),
+            end: range.end.wrapping_add(process.bias),
+            dispatch: Dispatch::Deferred,
+        })
+        .collect();
+    code.extend(&process.extra);
+    Attachment {
+        code,
+        walk_after_early_end: true,
+        names_anonymous_code: false,
+    }
 }
 
-impl PhpInstance {
-    fn attachment(&self) -> Attachment {
-        let mut code: Vec<RuntimeCode> = std::iter::once(&self.binary.execute_ex)
-            .chain(&self.binary.execute_ex_cold)
-            .map(|range| RuntimeCode {
-                start: range.start.wrapping_add(self.bias),
-                end: range.end.wrapping_add(self.bias),
-                dispatch: Dispatch::Deferred,
-            })
-            .collect();
-        code.extend(&self.jit);
-        Attachment {
-            code,
-            walk_after_early_end: true,
-            names_anonymous_code: false,
+/// What BPF needs of a PHP process; `None` while a ZTS process has not set
+/// up its globals' offset yet, or its memory cannot be read.
+fn bpf_process(process: &mut PhpInstance) -> Option<PhpProcess> {
+    let bias = process.bias;
+    let (globals_kind, executor_globals, tls_offset) = match process.binary.globals {
+        Globals::Global(at) => (globals_kind::GLOBAL, at.wrapping_add(bias), 0),
+        Globals::Tsrm {
+            offset_variable,
+            tls,
+        } => {
+            let memory = process.memory.get()?;
+            // Set when the engine starts; the TSRM block is small.
+            let offset = memory
+                .read_u64(offset_variable.wrapping_add(bias))
+                .ok()
+                .filter(|&o| o != 0 && o < MAX_GLOBALS_OFFSET)?;
+            let tls = match tls {
+                TlsOffset::Constant(offset) => offset,
+                TlsOffset::GotSlot(slot) => memory.read_u64(slot.wrapping_add(bias)).ok()? as i64,
+            };
+            (globals_kind::TSRM, offset, tls)
         }
-    }
-
-    /// What BPF needs; `None` while a ZTS process has not set up its
-    /// globals' offset yet, or its memory cannot be read.
-    fn bpf_process(&mut self) -> Option<PhpProcess> {
-        let bias = self.bias;
-        let (globals_kind, executor_globals, tls_offset) = match self.binary.globals {
-            Globals::Global(at) => (globals_kind::GLOBAL, at.wrapping_add(bias), 0),
-            Globals::Tsrm {
-                offset_variable,
-                tls,
-            } => {
-                let memory = self.memory.get()?;
-                // Set when the engine starts; the TSRM block is small.
-                let offset = memory
-                    .read_u64(offset_variable.wrapping_add(bias))
-                    .ok()
-                    .filter(|&o| o != 0 && o < MAX_GLOBALS_OFFSET)?;
-                let tls = match tls {
-                    TlsOffset::Constant(offset) => offset,
-                    TlsOffset::GotSlot(slot) => {
-                        memory.read_u64(slot.wrapping_add(bias)).ok()? as i64
-                    }
-                };
-                (globals_kind::TSRM, offset, tls)
-            }
-        };
-        let l = &self.binary.layout;
-        Some(PhpProcess {
-            executor_globals,
-            vm_body_pc: match self.binary.vm_body_pc {
-                0 => 0,
-                pc => pc.wrapping_add(bias),
-            },
-            tls_offset,
-            call_top: l.call_top,
-            current_execute_data: l.eg_current_execute_data,
-            ex_opline: l.ex_opline,
-            ex_func: l.ex_func,
-            ex_call_info: l.ex_call_info,
-            ex_prev: l.ex_prev,
-            globals_kind,
-            reserved: 0,
-        })
-    }
+    };
+    let l = &process.binary.layout;
+    Some(PhpProcess {
+        executor_globals,
+        vm_body_pc: match process.binary.vm_body_pc {
+            0 => 0,
+            pc => pc.wrapping_add(bias),
+        },
+        tls_offset,
+        call_top: l.call_top,
+        current_execute_data: l.eg_current_execute_data,
+        ex_opline: l.ex_opline,
+        ex_func: l.ex_func,
+        ex_call_info: l.ex_call_info,
+        ex_prev: l.ex_prev,
+        globals_kind,
+        reserved: 0,
+    })
 }
 
 /// JIT code of a PHP process: its executable anonymous mappings (opcache
@@ -203,8 +185,7 @@ fn jit_code(mappings: &ProcessMappings) -> Vec<RuntimeCode> {
 /// The PHP plugin.
 pub struct PhpPlugin {
     map: Box<dyn ProcessMap<PhpProcess>>,
-    binaries: FileProbes<PhpBinary>,
-    processes: HashMap<u32, PhpInstance>,
+    processes: Interpreters<PhpBinary, Vec<RuntimeCode>>,
     functions: ObjectCache<FunctionInfo>,
     /// (pid, function, line) → frame.
     frames: LruCache<(u32, u64, u32), Arc<Frame>>,
@@ -216,8 +197,7 @@ impl PhpPlugin {
     pub fn new(map: Box<dyn ProcessMap<PhpProcess>>) -> Self {
         PhpPlugin {
             map,
-            binaries: FileProbes::new(BINARY_CACHE),
-            processes: HashMap::new(),
+            processes: Interpreters::new(BINARY_CACHE),
             functions: ObjectCache::new(FUNCTION_CACHE, RECHECK_AFTER),
             frames: lru(FRAME_CACHE),
             stats: RuntimeStats::default(),
@@ -226,21 +206,12 @@ impl PhpPlugin {
 
     /// Tells BPF where `pid`'s globals are.
     fn describe(&mut self, pid: u32) {
-        let Some(instance) = self.processes.get_mut(&pid) else {
-            return;
-        };
-        instance.tried_at = Instant::now();
-        let Some(process) = instance.bpf_process() else {
-            debug!(pid, "PHP's thread-safe globals are not set up yet");
-            return;
-        };
-        if let Err(e) = self.map.insert(pid, &process) {
-            self.stats.attach_failures += 1;
-            debug!(pid, "cannot describe a PHP process to BPF: {e}");
-            return;
+        let written = self
+            .processes
+            .describe(pid, &mut *self.map, &mut self.stats, bpf_process);
+        if written && let Some(process) = self.processes.get(pid) {
+            info!(pid, version = %process.binary.version, jit = !process.extra.is_empty(), "PHP process");
         }
-        instance.described = true;
-        info!(pid, version = %instance.binary.version, jit = !instance.jit.is_empty(), "PHP process");
     }
 
     /// The function at `function`, read once and cached. `fresh` (at drain
@@ -277,7 +248,7 @@ impl PhpPlugin {
 
     /// Runs `read` on the process's objects.
     fn objects<T>(&mut self, pid: u32, read: impl FnOnce(&Objects<'_>) -> T) -> Option<T> {
-        let instance = self.processes.get_mut(&pid)?;
+        let instance = self.processes.get_mut(pid)?;
         let binary = instance.binary.clone();
         let memory = instance.memory.get()?;
         Some(read(&Objects::new(memory, &binary.layout)))
@@ -291,7 +262,7 @@ impl PhpPlugin {
         };
         let op_size = self
             .processes
-            .get(&pid)
+            .get(pid)
             .map_or(0, |p| u64::from(p.binary.layout.op_size));
         let line = match info.kind {
             FunctionKind::Internal => 0,
@@ -317,7 +288,7 @@ impl PhpPlugin {
             let info = self.function(pid, first.function, fresh);
             let op_size = self
                 .processes
-                .get(&pid)
+                .get(pid)
                 .map_or(0, |p| u64::from(p.binary.layout.op_size));
             if info.is_some_and(|i| i.line_at(leaf, op_size).is_some()) {
                 first.opline = leaf;
@@ -374,38 +345,23 @@ impl RuntimePlugin for PhpPlugin {
     }
 
     fn attach(&mut self, pid: u32, mappings: &ProcessMappings) -> Option<Attachment> {
-        if let Some(instance) = self.processes.get_mut(&pid) {
-            // Opcache maps its JIT buffer at startup; a later look finds it.
-            instance.jit = jit_code(mappings);
-            let claimed = instance.attachment();
-            if !instance.described {
-                self.describe(pid);
-            }
-            return Some(claimed);
-        }
-        let (binary, bias) = self.binaries.find_in(
+        let process = self.processes.claim(
             pid,
             mappings,
             ("PHP", &mut self.stats),
             is_php_name,
             inspect,
+            Vec::new,
         )?;
-        let instance = PhpInstance {
-            binary,
-            bias,
-            jit: jit_code(mappings),
-            memory: LazyMemory::new(pid),
-            described: false,
-            tried_at: Instant::now(),
-        };
-        let claimed = instance.attachment();
-        self.processes.insert(pid, instance);
+        // Opcache maps its JIT buffer at startup; a later look finds it.
+        process.extra = jit_code(mappings);
+        let claimed = attachment(process);
         self.describe(pid);
         Some(claimed)
     }
 
     fn detach(&mut self, pid: u32) {
-        if self.processes.remove(&pid).is_none() {
+        if !self.processes.remove(pid) {
             return;
         }
         self.map.remove(pid);
@@ -414,12 +370,7 @@ impl RuntimePlugin for PhpPlugin {
     }
 
     fn observe(&mut self, pid: u32, words: &[u64]) {
-        let sample = parse(words);
-        if sample.not_described
-            && let Some(instance) = self.processes.get(&pid)
-            && !instance.described
-            && instance.tried_at.elapsed() >= DESCRIBE_RETRY
-        {
+        if parse(words).not_described && self.processes.retry_due(pid) {
             self.describe(pid);
         }
         self.groups(pid, words, true);

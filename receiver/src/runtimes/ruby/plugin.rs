@@ -2,11 +2,7 @@
 //! words into frames (`Foo#bar` at `app.rb:12`, `Integer#times`), each VM
 //! invocation's frames in the place of its `vm_exec` frame.
 
-use std::{
-    collections::HashMap,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use icecore_otlp::model::{Frame, FrameKind, Line};
 use icecore_unwinders::{
@@ -15,7 +11,7 @@ use icecore_unwinders::{
     runtime::PAYLOAD_MASK,
 };
 use lru::LruCache;
-use tracing::{debug, info};
+use tracing::info;
 
 use super::{
     detect::{RubyBinary, inspect, is_ruby_name},
@@ -26,10 +22,10 @@ use crate::{
     process_maps::ProcessMappings,
     runtimes::{
         Attachment, RuntimeCode, RuntimeDescriptor, RuntimePlugin, RuntimeStats,
-        memory::LazyMemory,
+        interpreters::{Interpreter, Interpreters},
         object_cache::{ObjectCache, lru},
         registry::CRUBY_RUNTIME,
-        services::{FileProbes, ProcessMap, remove_where},
+        services::{ProcessMap, remove_where},
     },
     symbolize::Symbolizer,
 };
@@ -46,8 +42,6 @@ const FRAME_CACHE: usize = 65_536;
 /// iseq (code made by `eval`, a redefined method) and place another at its
 /// address, and the caches are keyed by address.
 const REREAD_AFTER: Duration = Duration::from_secs(60);
-/// A process BPF could not be told of yet is tried again at most this often.
-const DESCRIBE_RETRY: Duration = Duration::from_millis(200);
 
 /// One frame as BPF reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -126,41 +120,28 @@ pub fn invocations(words: &[u64]) -> Invocations {
     out
 }
 
-/// One CRuby process.
-struct RubyInstance {
-    binary: Arc<RubyBinary>,
-    bias: u64,
-    memory: LazyMemory,
-    /// Whether BPF has its entry.
-    described: bool,
-    /// When describing it was last tried.
-    tried_at: Instant,
-}
-
-impl RubyInstance {
-    fn attachment(&self) -> Attachment {
-        Attachment {
-            code: self
-                .binary
-                .vm_exec
-                .iter()
-                .map(|range| RuntimeCode {
-                    start: range.start.wrapping_add(self.bias),
-                    end: range.end.wrapping_add(self.bias),
-                    dispatch: Dispatch::Deferred,
-                })
-                .collect(),
-            walk_after_early_end: true,
-            names_anonymous_code: false,
-        }
+/// The code of a CRuby process its program unwinds: `vm_exec`.
+fn attachment(process: &Interpreter<RubyBinary, ()>) -> Attachment {
+    Attachment {
+        code: process
+            .binary
+            .vm_exec
+            .iter()
+            .map(|range| RuntimeCode {
+                start: range.start.wrapping_add(process.bias),
+                end: range.end.wrapping_add(process.bias),
+                dispatch: Dispatch::Deferred,
+            })
+            .collect(),
+        walk_after_early_end: true,
+        names_anonymous_code: false,
     }
 }
 
 /// The CRuby plugin.
 pub struct RubyPlugin {
     map: Box<dyn ProcessMap<RubyProcess>>,
-    binaries: FileProbes<RubyBinary>,
-    processes: HashMap<u32, RubyInstance>,
+    processes: Interpreters<RubyBinary>,
     iseqs: ObjectCache<IseqInfo>,
     methods: LruCache<(u32, u64), Option<Arc<MethodEntry>>>,
     /// A method's iseq → its method entry, learned from the method's own
@@ -176,8 +157,7 @@ impl RubyPlugin {
     pub fn new(map: Box<dyn ProcessMap<RubyProcess>>) -> Self {
         RubyPlugin {
             map,
-            binaries: FileProbes::new(BINARY_CACHE),
-            processes: HashMap::new(),
+            processes: Interpreters::new(BINARY_CACHE),
             iseqs: ObjectCache::new(ISEQ_CACHE, REREAD_AFTER),
             methods: lru(METHOD_CACHE),
             method_of_iseq: lru(METHOD_CACHE),
@@ -189,25 +169,16 @@ impl RubyPlugin {
     /// Tells BPF where `pid`'s execution contexts are, once the dynamic
     /// loader has filled in libruby's TLS slot.
     fn describe(&mut self, pid: u32) {
-        let Some(instance) = self.processes.get_mut(&pid) else {
-            return;
-        };
-        instance.tried_at = Instant::now();
-        let (binary, bias) = (instance.binary.clone(), instance.bias);
-        let Some(memory) = instance.memory.get() else {
-            return;
-        };
-        let Some(process) = binary.bpf_process(bias, |at| memory.read_u64(at).ok()) else {
-            debug!(pid, "CRuby's TLS slot is not set up yet");
-            return;
-        };
-        if let Err(e) = self.map.insert(pid, &process) {
-            self.stats.attach_failures += 1;
-            debug!(pid, "cannot describe a CRuby process to BPF: {e}");
-            return;
+        let written = self
+            .processes
+            .describe(pid, &mut *self.map, &mut self.stats, |process| {
+                let (binary, bias) = (process.binary.clone(), process.bias);
+                let memory = process.memory.get()?;
+                binary.bpf_process(bias, |at| memory.read_u64(at).ok())
+            });
+        if written && let Some(process) = self.processes.get(pid) {
+            info!(pid, version = %process.binary.version, "CRuby process");
         }
-        instance.described = true;
-        info!(pid, version = %binary.version, "CRuby process");
     }
 
     /// The iseq at `iseq`, read once and cached. `fresh` (at drain time,
@@ -246,7 +217,7 @@ impl RubyPlugin {
 
     /// Runs `read` on the process's objects.
     fn objects<T>(&mut self, pid: u32, read: impl FnOnce(&Objects<'_>) -> T) -> Option<T> {
-        let instance = self.processes.get_mut(&pid)?;
+        let instance = self.processes.get_mut(pid)?;
         let (layout, symbols) = (
             instance.binary.layout,
             instance
@@ -364,35 +335,21 @@ impl RuntimePlugin for RubyPlugin {
     }
 
     fn attach(&mut self, pid: u32, mappings: &ProcessMappings) -> Option<Attachment> {
-        if let Some(instance) = self.processes.get(&pid) {
-            let claimed = instance.attachment();
-            if !instance.described {
-                self.describe(pid);
-            }
-            return Some(claimed);
-        }
-        let (binary, bias) = self.binaries.find_in(
+        let process = self.processes.claim(
             pid,
             mappings,
             ("CRuby", &mut self.stats),
             is_ruby_name,
             inspect,
+            || (),
         )?;
-        let instance = RubyInstance {
-            binary,
-            bias,
-            memory: LazyMemory::new(pid),
-            described: false,
-            tried_at: Instant::now(),
-        };
-        let claimed = instance.attachment();
-        self.processes.insert(pid, instance);
+        let claimed = attachment(process);
         self.describe(pid);
         Some(claimed)
     }
 
     fn detach(&mut self, pid: u32) {
-        if self.processes.remove(&pid).is_none() {
+        if !self.processes.remove(pid) {
             return;
         }
         self.map.remove(pid);
@@ -405,11 +362,7 @@ impl RuntimePlugin for RubyPlugin {
     fn observe(&mut self, pid: u32, words: &[u64]) {
         let found = invocations(words);
         self.learn_methods(pid, &found.groups);
-        if found.not_described
-            && let Some(instance) = self.processes.get(&pid)
-            && !instance.described
-            && instance.tried_at.elapsed() >= DESCRIBE_RETRY
-        {
+        if found.not_described && self.processes.retry_due(pid) {
             self.describe(pid);
         }
         for frame in found.groups.into_iter().flatten() {
