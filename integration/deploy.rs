@@ -481,6 +481,17 @@ fn get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// A child process killed (and reaped) when the test is done with it,
+/// whether it passes or not.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Polls `path` until `want(status, body)` or `timeout`; the last answer.
 fn poll(
     address: std::net::SocketAddr,
@@ -523,7 +534,17 @@ fn readiness_follows_the_first_batch_and_the_sinks() {
     args.extend([
         s("--otlp-endpoint"),
         format!("http://127.0.0.1:{dead_port}"),
+        s("--reporter-interval"),
+        s("2s"),
     ]);
+    // A batch without samples sends nothing (and fails nothing): on an
+    // idle machine at 19 Hz the first ones may be empty, so something runs.
+    let busy = KilledOnDrop(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("start a busy shell"),
+    );
     let mut icecore = Icecore::spawn(&args, &logs);
     let address = icecore.http_address(Duration::from_secs(30));
     let (status, body) = poll(
@@ -542,6 +563,7 @@ fn readiness_follows_the_first_batch_and_the_sinks() {
     // It exits 1 (nothing was delivered), as it should.
     icecore.signal(15);
     icecore.wait_exit(Duration::from_secs(60));
+    drop(busy);
 
     let logs = dir.path().join("working");
     std::fs::create_dir(&logs).unwrap();
