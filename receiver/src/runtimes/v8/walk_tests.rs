@@ -191,11 +191,13 @@ fn the_v8_walk_finds_the_javascript_frames_of_live_nodes() {
                 continue; // the module's own function
             };
             // The spinning leaf itself, stopped in a bytecode handler, is
-            // on its loop's line (at the offset its frame last saved).
-            let expected = if i == 0 {
-                line_of("for (;;)")
+            // at the offset its frame last saved: its loop's line once a
+            // back edge's interrupt check saved it, its last call's (the
+            // `console.log`) before that.
+            let expected: Vec<u32> = if i == 0 {
+                vec![line_of("for (;;)"), line_of("console.log(\"ready\")")]
             } else {
-                expected
+                vec![expected]
             };
             let bytecode = objects.bytecode_of(shared).unwrap();
             let position = objects
@@ -209,10 +211,10 @@ fn the_v8_walk_finds_the_javascript_frames_of_live_nodes() {
                 script_path,
                 "Node {major}: the script's name"
             );
-            assert_eq!(
-                lines.line_of(position),
-                Some(expected),
-                "Node {major}: offset {bytecode_offset}"
+            let line = lines.line_of(position);
+            assert!(
+                line.is_some_and(|l| expected.contains(&l)),
+                "Node {major}: offset {bytecode_offset}: line {line:?}, expected one of {expected:?}"
             );
             checked += 1;
         }
