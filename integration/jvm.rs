@@ -200,12 +200,29 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
         "{TEST}: {:<20} {:>7} {:>7} {:>20} {:>20} {:>6} {:>9}",
         "jdk", "samples", "in_java", "icecore a/b/g %", "JFR a/b/g %", "jfr_n", "in/inlined"
     );
+    println!("{TEST}: (in_java: of the samples of the thread running JvmSplit.split)");
     let mut failures = Vec::new();
     for ((jdk, _), &pid) in fixtures.iter().zip(&pids) {
         let label = &jdk.label;
         let (samples, _) = of_pid_since(&received.samples, pid, from);
         let all = total(&samples);
-        let in_java = pct(count_where(&samples, |s| s.contains("JvmSplit.split")), all);
+        // The thread running the workload: every one of its samples should
+        // reach `JvmSplit.split`. The process's other threads (JIT
+        // compilers, GC) take what CPU they need, which varies with the
+        // machine's load (JDK 8's took 12 % of a CI run with six JVMs
+        // warming up on two CPUs), so they are reported, not judged.
+        let workers: BTreeSet<i64> = samples
+            .iter()
+            .filter(|s| s.contains("JvmSplit.split"))
+            .filter_map(|s| s.thread_id)
+            .collect();
+        let on_workers = |s: &DecodedSample| s.thread_id.is_some_and(|t| workers.contains(&t));
+        let worker_samples = count_where(&samples, on_workers);
+        let in_java = pct(
+            count_where(&samples, |s| on_workers(s) && s.contains("JvmSplit.split")),
+            worker_samples,
+        );
+        let process_in_java = pct(count_where(&samples, |s| s.contains("JvmSplit.split")), all);
         let (shares, n) = split_shares(samples.iter().map(|s| (s.names(), s.count)));
         let jfr = jfr_stacks(&jdk.recording(recordings.path()));
         let (jfr_shares, jfr_n) = split_shares(
@@ -233,15 +250,28 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
             fmt(shares),
             fmt(jfr_shares)
         );
+        println!(
+            "{TEST}: {label}: {worker_samples} samples on {} workload thread(s); {process_in_java:.1}% \
+             of the process's samples reach JvmSplit.split",
+            workers.len()
+        );
         if n < 300 {
             failures.push(format!("{label}: only {n} samples in JvmSplit.leaf"));
         }
-        // The rest is the JVM's own threads (JIT compilers, GC): JDK 8's
-        // take about 6 % of the process's samples with six JVMs warming
-        // up on two CPUs.
-        if in_java < 90.0 {
+        if in_java < 98.0 {
+            let example = samples
+                .iter()
+                .find(|s| on_workers(s) && !s.contains("JvmSplit.split"))
+                .map(|s| {
+                    s.stack
+                        .iter()
+                        .map(|f| format!("{}@{:#x}", f.function, f.address))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
             failures.push(format!(
-                "{label}: {in_java:.1}% of samples have the fixture's Java frames (expected ≥ 90%)"
+                "{label}: {in_java:.1}% of the workload thread's samples have the fixture's Java \
+                 frames (expected ≥ 98%), e.g. {example:?}"
             ));
         }
         for (i, (method, expected)) in SPLIT.iter().enumerate() {
