@@ -184,6 +184,14 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "ADDR")]
     http_address: Option<String>,
 
+    /// How long the flame graph page at / on --http-address keeps aggregated profiles, from 1m to 24h, like 15m or 2h; 0 turns the history (and the page's data) off [default: 15m]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    flamegraph_history: Option<String>,
+
+    /// Memory cap of the flame graph page's history, like 64MiB; the oldest intervals are dropped first when over it, and 0 turns the history off [default: 64MiB]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    flamegraph_max_bytes: Option<String>,
+
     /// YAML file with the same settings in snake_case; flags override it [default: none]
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -422,6 +430,16 @@ impl Cli {
             self.http_address.as_deref(),
             validate::http_address,
         )?;
+        let flamegraph_history = check(
+            "flamegraph-history",
+            self.flamegraph_history.as_deref(),
+            validate::flamegraph_history,
+        )?;
+        let flamegraph_max_bytes = check(
+            "flamegraph-max-bytes",
+            self.flamegraph_max_bytes.as_deref(),
+            validate::memory_size,
+        )?;
         let log_level = check("log-level", self.log_level.as_deref(), validate::log_level)?;
         let log_format = check(
             "log-format",
@@ -495,6 +513,8 @@ impl Cli {
             pids,
             runtimes,
             http_address,
+            flamegraph_history,
+            flamegraph_max_bytes,
             log_level,
             log_format,
             self_traces: self.self_traces.then_some(true),

@@ -16,7 +16,7 @@ mod lists;
 mod scrape;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 46] = [
+pub const KEYS: [&str; 48] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -60,6 +60,8 @@ pub const KEYS: [&str; 46] = [
     "pids",
     "runtimes",
     "http_address",
+    "flamegraph_history",
+    "flamegraph_max_bytes",
     "log_level",
     "log_format",
     "self_traces",
@@ -272,6 +274,12 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         pids: reader.pids()?,
         runtimes: reader.runtimes()?,
         http_address: reader.string("http_address", validate::http_address)?,
+        flamegraph_history: reader.string("flamegraph_history", validate::flamegraph_history)?,
+        flamegraph_max_bytes: reader.integer(
+            "flamegraph_max_bytes",
+            validate::memory_size,
+            validate::memory_size_number,
+        )?,
         log_level: reader.string("log_level", validate::log_level)?,
         log_format: reader.string("log_format", validate::log_format)?,
         self_traces: reader.boolean("self_traces")?,
@@ -603,6 +611,40 @@ mod tests {
         assert!(error("http_address: {a: b}").contains("http_address: expected an IP socket"));
         assert!(error("log_level: !custom x").contains("got a value tagged !custom"));
         assert!(error("otlp_endpoint: 4317").contains("otlp_endpoint: expected an http://"));
+    }
+
+    #[test]
+    fn flamegraph_history_and_memory() {
+        let settings =
+            parse_text("flamegraph_history: 2h\nflamegraph_max_bytes: 128MiB\n").expect("valid");
+        assert_eq!(
+            settings.flamegraph_history,
+            Some(std::time::Duration::from_secs(7200))
+        );
+        assert_eq!(settings.flamegraph_max_bytes, Some(128 << 20));
+        // A YAML integer 0 turns either off; so does a string.
+        let off = parse_text("flamegraph_history: 0\nflamegraph_max_bytes: 0\n").expect("zeros");
+        assert_eq!(off.flamegraph_history, Some(std::time::Duration::ZERO));
+        assert_eq!(off.flamegraph_max_bytes, Some(0));
+        let off = parse_text("flamegraph_history: \"0s\"\nflamegraph_max_bytes: \"0\"\n")
+            .expect("quoted zeros");
+        assert_eq!(off.flamegraph_history, Some(std::time::Duration::ZERO));
+        assert_eq!(off.flamegraph_max_bytes, Some(0));
+        assert_eq!(
+            error("flamegraph_history: 30s"),
+            "config file /etc/icecore.yaml: flamegraph_history: expected a duration from 1m \
+             to 24h, like 15m or 2h, or 0 to turn the flame graph history off, got \"30s\" \
+             (below the minimum of 1m)"
+        );
+        assert!(error("flamegraph_history: 25h").contains("(above the maximum of 24h)"));
+        assert!(error("flamegraph_history: 15").contains("got 15"));
+        assert!(error("flamegraph_history: [15m]").contains("got a list"));
+        assert!(
+            error("flamegraph_max_bytes: 64MB")
+                .contains("flamegraph_max_bytes: expected a size in bytes up to 16GiB")
+        );
+        assert!(error("flamegraph_max_bytes: -1").contains("got -1"));
+        assert!(error("flamegraph_max_bytes: 17GiB").contains("above the maximum of 16GiB"));
     }
 
     #[test]

@@ -40,8 +40,8 @@ pub use export::{BearerToken, DEFAULT_OTLP_TIMEOUT, OtlpCompression, OtlpTls, Se
 pub use file::KEYS as CONFIG_FILE_KEYS;
 pub use off_cpu::{DEFAULT_OFF_CPU_MIN_DURATION, OffCpuConfig, Probability};
 pub use validate::{
-    MAX_REPORTER_INTERVAL, MAX_SAMPLING_FREQUENCY_HZ, MIN_REPORTER_INTERVAL,
-    MIN_SAMPLING_FREQUENCY_HZ,
+    MAX_FLAMEGRAPH_HISTORY, MAX_REPORTER_INTERVAL, MAX_SAMPLING_FREQUENCY_HZ,
+    MIN_FLAMEGRAPH_HISTORY, MIN_REPORTER_INTERVAL, MIN_SAMPLING_FREQUENCY_HZ,
 };
 
 /// Where pprof files go when neither an OTLP endpoint nor a pprof directory
@@ -63,6 +63,11 @@ pub const DEFAULT_PPROF_MAX_BYTES: u64 = 1 << 30;
 /// The default address of the HTTP server.
 pub const DEFAULT_HTTP_ADDRESS: SocketAddr =
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 7071);
+/// How long the flame graph page's history keeps aggregated profiles by
+/// default.
+pub const DEFAULT_FLAMEGRAPH_HISTORY: Duration = Duration::from_secs(15 * 60);
+/// Default memory cap of the flame graph page's history (64 MiB).
+pub const DEFAULT_FLAMEGRAPH_MAX_BYTES: u64 = 64 << 20;
 /// The default log level.
 pub const DEFAULT_LOG_LEVEL: &str = "info";
 
@@ -198,6 +203,13 @@ pub struct Config {
     pub runtimes: Vec<String>,
     /// The address of the HTTP server.
     pub http_address: SocketAddr,
+    /// How long the aggregated profiles behind the flame graph page (`/` on
+    /// `http_address`) are kept in memory, from 1m to 24h; zero turns the
+    /// history, and the page's data, off.
+    pub flamegraph_history: Duration,
+    /// Most bytes of memory the flame graph history may take; over it, the
+    /// oldest intervals are dropped first. 0 turns the history off.
+    pub flamegraph_max_bytes: u64,
     /// A level or a tracing `EnvFilter` directive string.
     pub log_level: String,
     /// How log lines are written.
@@ -355,6 +367,8 @@ pub(crate) struct Settings {
     pub pids: Option<Vec<u32>>,
     pub runtimes: Option<Vec<String>>,
     pub http_address: Option<SocketAddr>,
+    pub flamegraph_history: Option<Duration>,
+    pub flamegraph_max_bytes: Option<u64>,
     pub log_level: Option<String>,
     pub log_format: Option<LogFormat>,
     pub self_traces: Option<bool>,
@@ -419,6 +433,8 @@ impl Settings {
             pids: self.pids.or(lower.pids),
             runtimes: self.runtimes.or(lower.runtimes),
             http_address: self.http_address.or(lower.http_address),
+            flamegraph_history: self.flamegraph_history.or(lower.flamegraph_history),
+            flamegraph_max_bytes: self.flamegraph_max_bytes.or(lower.flamegraph_max_bytes),
             log_level: self.log_level.or(lower.log_level),
             log_format: self.log_format.or(lower.log_format),
             self_traces: self.self_traces.or(lower.self_traces),
@@ -491,6 +507,12 @@ impl Settings {
                 .runtimes
                 .unwrap_or_else(|| RUNTIME_NAMES.iter().map(|&name| name.to_owned()).collect()),
             http_address: self.http_address.unwrap_or(DEFAULT_HTTP_ADDRESS),
+            flamegraph_history: self
+                .flamegraph_history
+                .unwrap_or(DEFAULT_FLAMEGRAPH_HISTORY),
+            flamegraph_max_bytes: self
+                .flamegraph_max_bytes
+                .unwrap_or(DEFAULT_FLAMEGRAPH_MAX_BYTES),
             log_level: self
                 .log_level
                 .unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_owned()),

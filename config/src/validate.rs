@@ -21,6 +21,10 @@ pub const MAX_SAMPLING_FREQUENCY_HZ: u32 = 10_000;
 pub const MIN_REPORTER_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest accepted reporter interval.
 pub const MAX_REPORTER_INTERVAL: Duration = Duration::from_secs(3600);
+/// The shortest accepted flame graph history (other than 0, which turns it off).
+pub const MIN_FLAMEGRAPH_HISTORY: Duration = Duration::from_secs(60);
+/// The longest accepted flame graph history.
+pub const MAX_FLAMEGRAPH_HISTORY: Duration = Duration::from_secs(24 * 3600);
 /// The largest accepted debug-information memory budget (16 GiB).
 pub const MAX_DEBUG_INFO_MEMORY: u64 = 16 << 30;
 /// The highest accepted process ID (`pid_t` is a signed 32-bit integer).
@@ -33,6 +37,8 @@ pub(crate) const EXPECTED_SAMPLING_FREQUENCY: &str =
     "an integer number of samples per second from 1 to 10000";
 pub(crate) const EXPECTED_REPORTER_INTERVAL: &str =
     "a duration from 1s to 1h, like 10s, 1m30s or 5m";
+pub(crate) const EXPECTED_FLAMEGRAPH_HISTORY: &str =
+    "a duration from 1m to 24h, like 15m or 2h, or 0 to turn the flame graph history off";
 pub(crate) const EXPECTED_DURATION: &str = "a duration greater than zero, like 30s, 5m or 1h30m";
 pub(crate) const EXPECTED_MEMORY_SIZE: &str =
     "a size in bytes up to 16GiB, like 64MiB, 512KiB or 0 (a plain number is bytes)";
@@ -282,6 +288,27 @@ pub(crate) fn reporter_interval(text: &str) -> Result<Duration, Invalid> {
         ));
     }
     Ok(interval)
+}
+
+/// Parses the flame graph history: 0 (off) or a duration from 1m to 24h.
+pub(crate) fn flamegraph_history(text: &str) -> Result<Duration, Invalid> {
+    let history = humantime_duration(text, EXPECTED_FLAMEGRAPH_HISTORY)?;
+    if history.is_zero() {
+        return Ok(history);
+    }
+    if history < MIN_FLAMEGRAPH_HISTORY {
+        return Err(Invalid::because(
+            EXPECTED_FLAMEGRAPH_HISTORY,
+            "below the minimum of 1m",
+        ));
+    }
+    if history > MAX_FLAMEGRAPH_HISTORY {
+        return Err(Invalid::because(
+            EXPECTED_FLAMEGRAPH_HISTORY,
+            "above the maximum of 24h",
+        ));
+    }
+    Ok(history)
 }
 
 /// Parses a memory size: a whole number with an optional binary unit (B,
@@ -662,6 +689,39 @@ mod tests {
         for bad in ["", "999ms", "1h 1s", "10", "ten seconds", "-1s"] {
             assert!(reporter_interval(bad).is_err(), "{bad}");
         }
+        assert_eq!(flamegraph_history("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(flamegraph_history("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(
+            flamegraph_history(" 2h 30m "),
+            Ok(Duration::from_secs(9000))
+        );
+        assert_eq!(flamegraph_history("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(flamegraph_history("1day"), Ok(Duration::from_secs(86_400)));
+        for off in ["0", "0s", "0m", " 0 "] {
+            assert_eq!(flamegraph_history(off), Ok(Duration::ZERO), "{off}");
+        }
+        for bad in [
+            "",
+            "59s",
+            "1ns",
+            "24h 1s",
+            "2days",
+            "15",
+            "fifteen minutes",
+            "-15m",
+            "15 parsecs",
+        ] {
+            let err = flamegraph_history(bad).expect_err(bad);
+            assert_eq!(err.expected, EXPECTED_FLAMEGRAPH_HISTORY, "{bad}");
+        }
+        assert_eq!(
+            flamegraph_history("30s").map_err(|e| e.detail),
+            Err(Some("below the minimum of 1m".to_owned()))
+        );
+        assert_eq!(
+            flamegraph_history("25h").map_err(|e| e.detail),
+            Err(Some("above the maximum of 24h".to_owned()))
+        );
         assert_eq!(run_duration("1ns"), Ok(Duration::from_nanos(1)));
         assert_eq!(run_duration("2days"), Ok(Duration::from_secs(2 * 86_400)));
         for bad in ["", "0s", "0", "5", "soon"] {
@@ -730,6 +790,12 @@ mod tests {
         assert_eq!(
             bad.file_message("0"),
             "expected an integer number of samples per second from 1 to 10000, got 0"
+        );
+        let bad = flamegraph_history("2d").expect_err("long");
+        assert_eq!(
+            bad.flag_message(),
+            "expected a duration from 1m to 24h, like 15m or 2h, \
+             or 0 to turn the flame graph history off (above the maximum of 24h)"
         );
         let bad = reporter_interval("10ms").expect_err("short");
         assert!(

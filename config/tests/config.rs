@@ -6,7 +6,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use icecore_config::{Config, ConfigError, DEFAULT_PPROF_DIR, OtlpEndpoint};
+use icecore_config::{
+    Config, ConfigError, DEFAULT_FLAMEGRAPH_HISTORY, DEFAULT_FLAMEGRAPH_MAX_BYTES,
+    DEFAULT_PPROF_DIR, OtlpEndpoint,
+};
 use tempfile::NamedTempFile;
 
 fn parse(args: &[&str]) -> Result<Config, ConfigError> {
@@ -67,6 +70,10 @@ fn defaults() {
     assert_eq!(config.duration, None);
     assert!(config.pids.is_empty());
     assert_eq!(config.http_address.to_string(), "127.0.0.1:7071");
+    assert_eq!(config.flamegraph_history, Duration::from_secs(15 * 60));
+    assert_eq!(config.flamegraph_history, DEFAULT_FLAMEGRAPH_HISTORY);
+    assert_eq!(config.flamegraph_max_bytes, 64 << 20);
+    assert_eq!(config.flamegraph_max_bytes, DEFAULT_FLAMEGRAPH_MAX_BYTES);
     assert_eq!(config.log_level, "info");
 }
 
@@ -238,6 +245,8 @@ reporter_interval: 30s
 duration: 2m
 pids: [10, 20]
 http_address: 0.0.0.0:8080
+flamegraph_history: 1h
+flamegraph_max_bytes: 32MiB
 log_level: debug
 ";
 
@@ -260,6 +269,8 @@ fn yaml_file() {
             duration: Some(Duration::from_secs(120)),
             pids: vec![10, 20],
             http_address: "0.0.0.0:8080".parse().expect("literal"),
+            flamegraph_history: Duration::from_secs(3600),
+            flamegraph_max_bytes: 32 << 20,
             log_level: "debug".into(),
             ..Config::default()
         }
@@ -286,8 +297,11 @@ fn flag_overrides_file() {
         "warn",
         "--otlp-endpoint",
         "http://other:4317",
+        "--flamegraph-history",
+        "0",
     ]);
     assert_eq!(config.sampling_frequency_hz, 11);
+    assert_eq!(config.flamegraph_history, Duration::ZERO, "0 overrides 1h");
     assert_eq!(config.pids, vec![99], "--pid replaces the file's list");
     assert_eq!(config.log_level, "warn");
     assert_eq!(config.otlp.as_ref().map(|o| o.tls), Some(false));
@@ -296,6 +310,7 @@ fn flag_overrides_file() {
     assert_eq!(config.reporter_interval, Duration::from_secs(30));
     assert_eq!(config.duration, Some(Duration::from_secs(120)));
     assert_eq!(config.http_address.to_string(), "0.0.0.0:8080");
+    assert_eq!(config.flamegraph_max_bytes, 32 << 20);
 }
 
 #[test]
@@ -361,6 +376,16 @@ fn bad_flag_values_name_flag_and_form() {
         ("--reporter-interval", "500ms", "from 1s to 1h"),
         ("--reporter-interval", "2h", "above the maximum of 1h"),
         ("--reporter-interval", "ten", "like 10s"),
+        ("--flamegraph-history", "30s", "below the minimum of 1m"),
+        ("--flamegraph-history", "2d", "above the maximum of 24h"),
+        ("--flamegraph-history", "15", "from 1m to 24h"),
+        (
+            "--flamegraph-history",
+            "soon",
+            "or 0 to turn the flame graph history off",
+        ),
+        ("--flamegraph-max-bytes", "64MB", "up to 16GiB"),
+        ("--flamegraph-max-bytes", "lots", "like 64MiB"),
         ("--duration", "0s", "greater than zero"),
         ("--duration", "5", "like 30s"),
         ("--pid", "0", "integer from 1"),
@@ -419,6 +444,15 @@ fn bad_file_values_name_key_and_form() {
             "http_address: expected an IP socket address",
         ),
         ("log_level: [info]", "log_level: expected a level"),
+        (
+            "flamegraph_history: 10s",
+            "flamegraph_history: expected a duration from 1m to 24h, like 15m or 2h, \
+             or 0 to turn the flame graph history off, got \"10s\" (below the minimum of 1m)",
+        ),
+        (
+            "flamegraph_max_bytes: 1.5MiB",
+            "flamegraph_max_bytes: expected a size in bytes up to 16GiB",
+        ),
     ];
     for (text, expected) in cases {
         let file = yaml(text);
@@ -473,6 +507,8 @@ fn clap_errors_help_and_version() {
         ("--duration <DURATION>", "[default: run until stopped]"),
         ("--pid <PID>", "[default: every process]"),
         ("--http-address <ADDR>", "[default: 127.0.0.1:7071]"),
+        ("--flamegraph-history <DURATION>", "[default: 15m]"),
+        ("--flamegraph-max-bytes <SIZE>", "[default: 64MiB]"),
         ("--config <FILE>", "[default: none]"),
         ("--log-level <LEVEL>", "[default: info]"),
     ] {
@@ -694,4 +730,46 @@ fn off_cpu_settings_from_flags_and_file() {
 
     assert!(err(&["--off-cpu-threshold", "2"]).contains("--off-cpu-threshold"));
     assert!(err(&["--wall-clock"]).contains("wall_clock needs off-CPU sampling"));
+}
+
+#[test]
+fn flamegraph_history_from_flags_and_file() {
+    let config = ok(&[
+        "--flamegraph-history",
+        "2h30m",
+        "--flamegraph-max-bytes",
+        "256MiB",
+    ]);
+    assert_eq!(config.flamegraph_history, Duration::from_secs(9000));
+    assert_eq!(config.flamegraph_max_bytes, 256 << 20);
+    let config = ok(&["--flamegraph-history=0", "--flamegraph-max-bytes=0"]);
+    assert_eq!(config.flamegraph_history, Duration::ZERO);
+    assert_eq!(config.flamegraph_max_bytes, 0);
+    let config = ok(&[
+        "--flamegraph-history",
+        "24h",
+        "--flamegraph-max-bytes",
+        "1M",
+    ]);
+    assert_eq!(config.flamegraph_history, Duration::from_secs(86_400));
+    assert_eq!(config.flamegraph_max_bytes, 1 << 20);
+
+    let file = yaml("flamegraph_history: 0\nflamegraph_max_bytes: 1048576\n");
+    let config = ok(&["--config", path_of(&file)]);
+    assert_eq!(config.flamegraph_history, Duration::ZERO);
+    assert_eq!(config.flamegraph_max_bytes, 1 << 20);
+    // A flag wins over the file, one setting at a time.
+    let config = ok(&["--config", path_of(&file), "--flamegraph-history", "5m"]);
+    assert_eq!(config.flamegraph_history, Duration::from_secs(300));
+    assert_eq!(config.flamegraph_max_bytes, 1 << 20);
+    let config = ok(&["--flamegraph-max-bytes", "0", "--config", path_of(&file)]);
+    assert_eq!(config.flamegraph_history, Duration::ZERO);
+    assert_eq!(config.flamegraph_max_bytes, 0);
+    // A bad flag is refused even when the file is fine.
+    let message = err(&["--config", path_of(&file), "--flamegraph-history", "59s"]);
+    assert_eq!(
+        message,
+        "invalid --flamegraph-history \"59s\": expected a duration from 1m to 24h, \
+         like 15m or 2h, or 0 to turn the flame graph history off (below the minimum of 1m)"
+    );
 }

@@ -109,6 +109,8 @@ fn negative_numbers_are_refused_naming_the_flag() {
         ("--otlp-listen-memory", "-1"),
         ("--pprof-max-files", "-3"),
         ("--pprof-max-bytes", "-3"),
+        ("--flamegraph-history", "-15m"),
+        ("--flamegraph-max-bytes", "-1MiB"),
     ] {
         let message = err(&[flag, value]);
         assert!(
