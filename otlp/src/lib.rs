@@ -3,9 +3,12 @@
 //! - [`model`]: what sources hand to sinks ([`model::ProfileBatch`]).
 //! - [`otlp_encode`]: OTLP Profiles v1.10 `ExportProfilesServiceRequest`.
 //! - [`pprof`]: pprof `perftools.profiles.Profile`, plain or gzipped.
+//! - [`history`]: the last minutes of profiles, aggregated, for the flame
+//!   graph page.
 //! - [`export`]: [`OtlpPipeline`] (queue and retries around [`OtlpExporter`],
 //!   gRPC) and [`PprofDirWriter`] (files).
 pub mod export;
+pub mod history;
 pub mod model;
 pub mod otlp_encode;
 pub mod pprof;
