@@ -22,6 +22,7 @@ use icecore_otlp::{
 use icecore_receiver::{Counter, ProfilerStats, profiler::RuntimeState, runtimes::RuntimeStats};
 use tracing::info;
 
+use crate::flame_page::{self, FlameHistory};
 use crate::otlp_listen::ReceiverMetrics;
 use crate::pull::{PullError, PullHub};
 use crate::serve::{self, ListenerLimits};
@@ -41,6 +42,8 @@ pub struct Sources {
     pub receiver: Option<ReceiverMetrics>,
     /// Batches for `/debug/pprof/profile`.
     pub pull: Arc<PullHub>,
+    /// The flame graph page's history, when it is on.
+    pub flame: Option<Arc<FlameHistory>>,
     /// The pprof directory's retention, when pprof files are written.
     pub pprof: Option<Arc<PprofDirStats>>,
     /// The self-traces exporter's counters, with `--self-traces`.
@@ -58,8 +61,11 @@ pub fn serve(listener: tokio::net::TcpListener, stats: Sources) {
         .local_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
     info!(
-        "serving /metrics, /healthz and /readyz on http://{bound} (and /debug/pprof/profile, /debug/pprof/symbol)"
+        "serving /metrics, /healthz and /readyz on http://{bound} (and the flame graph page at /, /api/flamegraph, /debug/pprof/profile, /debug/pprof/symbol)"
     );
+    if let Some(flame) = &stats.flame {
+        flame.spawn_expiry();
+    }
     let refused = stats.http_refused_connections.clone();
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -70,7 +76,8 @@ pub fn serve(listener: tokio::net::TcpListener, stats: Sources) {
             "/debug/pprof/symbol",
             get(pprof_symbol_count).post(pprof_symbol_lookup),
         )
-        .with_state(stats);
+        .with_state(stats.clone())
+        .merge(flame_page::routes(stats.flame.clone()));
     serve::spawn(
         listener,
         ListenerLimits::default(),
@@ -240,12 +247,65 @@ async fn metrics(State(sources): State<Sources>) -> impl IntoResponse {
             );
         }
     }
+    if let Some(flame) = &sources.flame {
+        render_flame_history(&mut text, flame);
+    }
     let refused = sources.http_refused_connections.load(Relaxed);
     let _ = writeln!(
         text,
         "# HELP icecore_http_refused_connections_total Connections to this endpoint closed at once because it had its maximum open.\n# TYPE icecore_http_refused_connections_total counter\nicecore_http_refused_connections_total {refused}"
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// The flame graph page's history: its memory against its limit, and what
+/// it dropped.
+fn render_flame_history(out: &mut String, flame: &FlameHistory) {
+    let stats = flame.stats();
+    for (name, kind, help, value) in [
+        (
+            "icecore_flamegraph_history_bytes",
+            "gauge",
+            "Heap the flame graph page's history holds (estimate).",
+            stats.bytes.load(Relaxed),
+        ),
+        (
+            "icecore_flamegraph_history_limit_bytes",
+            "gauge",
+            "The history's memory limit (--flamegraph-max-bytes).",
+            flame.max_bytes(),
+        ),
+        (
+            "icecore_flamegraph_history_intervals",
+            "gauge",
+            "Reporting intervals (batches) the history holds.",
+            stats.slots.load(Relaxed),
+        ),
+        (
+            "icecore_flamegraph_history_stacks",
+            "gauge",
+            "Distinct stacks the history holds.",
+            stats.stacks.load(Relaxed),
+        ),
+        (
+            "icecore_flamegraph_history_rejected_batches_total",
+            "counter",
+            "Batches not kept: alone larger than the history's memory limit.",
+            stats.rejected_batches.load(Relaxed),
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
+    let name = "icecore_flamegraph_history_evicted_intervals_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Intervals dropped from the history, oldest first, by reason.\n# TYPE {name} counter\n{name}{{reason=\"age\"}} {}\n{name}{{reason=\"memory\"}} {}",
+        stats.evicted_by_age.load(Relaxed),
+        stats.evicted_by_memory.load(Relaxed)
+    );
 }
 
 /// Prometheus text exposition of the OTLP receiver's counters.

@@ -4,6 +4,7 @@
 //! (`icecore-otlp`) according to the settings (`icecore-config`).
 
 mod allocator;
+mod flame_page;
 mod http;
 mod labeler;
 mod logging;
@@ -211,6 +212,7 @@ async fn run(
             pyroscope: sinks.pyroscope_stats(),
             receiver,
             pull: sinks.pull_hub(),
+            flame: sinks.flame_history(),
             pprof: sinks.pprof_stats(),
             self_traces,
             scrape: scrapers.stats(),

@@ -18,6 +18,7 @@ use icecore_otlp::{
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use crate::flame_page::FlameHistory;
 use crate::pull::PullHub;
 
 mod scraped;
@@ -36,6 +37,8 @@ pub struct Sinks {
     pprof: Option<Arc<PprofDirWriter>>,
     pprof_is_default: bool,
     pull: Arc<PullHub>,
+    /// The flame graph page's history (off when its limits are 0).
+    flame: Option<Arc<FlameHistory>>,
     /// `--external-label`s, added to every process of every batch.
     external_labels: Vec<(Arc<str>, Arc<str>)>,
     /// The configured resource attributes, for OTLP requests built here.
@@ -246,6 +249,7 @@ impl Sinks {
             parca,
             pyroscope,
             pull: Arc::new(PullHub::new(config.reporter_interval)),
+            flame: FlameHistory::new(config.flamegraph_history, config.flamegraph_max_bytes),
             pprof,
             pprof_is_default: config.pprof_dir_is_default,
             otlp_resource: ResourceAttributes {
@@ -322,6 +326,11 @@ impl Sinks {
         self.otlp.as_ref().map(OtlpPipeline::stats)
     }
 
+    /// The flame graph page's history, when it is on.
+    pub fn flame_history(&self) -> Option<Arc<FlameHistory>> {
+        self.flame.clone()
+    }
+
     /// Where `/debug/pprof/profile` pulls batches from.
     pub fn pull_hub(&self) -> Arc<PullHub> {
         self.pull.clone()
@@ -365,6 +374,10 @@ impl Sinks {
                 batch = batches.recv() => match batch {
                     Some(mut batch) => {
                         self.label(&mut batch);
+                        // The page shows this host: local batches only.
+                        if let Some(flame) = &self.flame {
+                            flame.ingest(&batch);
+                        }
                         if let Some(otlp) = &self.otlp {
                             // Queued; the pipeline sends, retries and counts.
                             otlp.submit(&batch);

@@ -10,6 +10,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 pub mod bpf_maps;
+pub mod browser;
 pub mod build;
 pub mod fixture;
 pub mod jit_runtimes;
