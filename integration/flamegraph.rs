@@ -22,15 +22,16 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::browser::{self, get, get_json};
+use support::fixture::build_c;
 use support::pprof::{PprofProfile, decode_dir, decode_file};
 use support::run::{REPORTER_INTERVAL, SystemWideRun};
-use support::{HZ, now_unix_nanos, package_dir, require_root, serial, tmp};
+use support::{HZ, now_unix_nanos, require_root, serial, tmp};
 
 /// The built-in split of `flame_split split`, in percent of its CPU time.
 const SPLIT: [(&str, f64); 3] = [("alpha", 50.0), ("beta", 30.0), ("gamma", 20.0)];
@@ -38,31 +39,6 @@ const SPLIT: [(&str, f64); 3] = [("alpha", 50.0), ("beta", 30.0), ("gamma", 20.0
 const TOLERANCE_PP: f64 = 5.0;
 /// How long each fixture runs.
 const RUN_SECS: u64 = 20;
-
-fn build_fixture(dir: &Path) -> PathBuf {
-    let src = package_dir().join("integration/fixtures/flame_split.c");
-    let exe = dir.join("flame_split");
-    let out = Command::new("clang")
-        .args([
-            "-O1",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-mno-omit-leaf-frame-pointer",
-            "-fno-builtin",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run clang (needed to build the fixture): {e}"));
-    assert!(
-        out.status.success(),
-        "clang failed on {}:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
 
 /// A fixture process, killed on drop.
 struct Fixture(Child);
@@ -136,7 +112,13 @@ fn the_page_shows_searches_zooms_filters_and_diffs_a_known_split() {
     }
     let _serial = serial();
     let build_dir = tmp();
-    let exe = build_fixture(build_dir.path());
+    let exe = build_c(
+        "flame_split.c",
+        "flame_split",
+        build_dir.path(),
+        // No builtins: the fixture names a function `gamma`.
+        &["-fno-builtin"],
+    );
     let artifacts = browser::artifacts_dir("flamegraph");
 
     let run = SystemWideRun::spawn(tmp(), HZ, &[]);

@@ -37,20 +37,28 @@ pub const EXE_NAME: &str = "busy";
 /// The longest a fixture lives even if the test process dies without killing it.
 pub const MAX_LIFETIME_SECS: &str = "300";
 
-/// Compiles busy.c into `dir` (clang, frame pointers everywhere, leaf included:
-/// gcc 12 would drop the leaf frame's frame pointer) and returns the executable.
+/// Compiles busy.c into `dir` and returns the executable.
 pub fn build(dir: &Path) -> PathBuf {
-    let src = super::package_dir().join("integration/fixtures/busy.c");
-    let exe = dir.join(EXE_NAME);
+    build_c("busy.c", EXE_NAME, dir, &["-pthread"])
+}
+
+/// Compiles `integration/fixtures/SOURCE` into `dir/EXE` (clang, frame
+/// pointers everywhere, leaf included: gcc 12 would drop the leaf frame's
+/// frame pointer) with `extra` flags.
+pub fn build_c(source: &str, exe: &str, dir: &Path, extra: &[&str]) -> PathBuf {
+    let src = super::package_dir()
+        .join("integration/fixtures")
+        .join(source);
+    let exe = dir.join(exe);
     let out = Command::new("clang")
         .args([
             "-O1",
             "-g",
             "-fno-omit-frame-pointer",
             "-mno-omit-leaf-frame-pointer",
-            "-pthread",
-            "-o",
         ])
+        .args(extra)
+        .arg("-o")
         .arg(&exe)
         .arg(&src)
         .output()

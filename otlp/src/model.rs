@@ -240,6 +240,25 @@ impl K8sNames {
 pub type Labels = Arc<[(Arc<str>, Arc<str>)]>;
 
 impl ProcessInfo {
+    /// Every string field (what memory budgets charge), labels aside.
+    pub fn strings(&self) -> [&Arc<str>; 13] {
+        [
+            &self.executable_name,
+            &self.executable_path,
+            &self.service_name,
+            &self.container_id,
+            &self.k8s_pod_uid,
+            &self.container_name,
+            &self.command_line,
+            &self.build_ids.gnu,
+            &self.build_ids.go,
+            &self.k8s.pod,
+            &self.k8s.namespace,
+            &self.k8s.container,
+            &self.k8s.node,
+        ]
+    }
+
     /// Adds `extra` labels the process does not have yet (external labels
     /// never override the process's own).
     pub fn add_missing_labels(&mut self, extra: &[(Arc<str>, Arc<str>)]) {
@@ -477,21 +496,7 @@ impl ProfileBatch {
         bytes += string(&self.host_name, &mut seen);
         for process in &self.processes {
             let info = &process.process;
-            for s in [
-                &info.executable_name,
-                &info.executable_path,
-                &info.service_name,
-                &info.container_id,
-                &info.k8s_pod_uid,
-                &info.container_name,
-                &info.command_line,
-                &info.build_ids.gnu,
-                &info.build_ids.go,
-                &info.k8s.pod,
-                &info.k8s.namespace,
-                &info.k8s.container,
-                &info.k8s.node,
-            ] {
+            for s in info.strings() {
                 bytes += string(s, &mut seen);
             }
             for (name, value) in info.labels.iter() {

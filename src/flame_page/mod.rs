@@ -203,13 +203,21 @@ async fn with_history<T: Send + 'static>(
     }
 }
 
+/// The request's parameters, or a 400 saying what is wrong with them.
+fn parse_query(
+    query: Option<&str>,
+) -> Result<icecore_otlp::history::FlameQuery, (StatusCode, String)> {
+    api::parse(query.unwrap_or(""), now_unix_nanos())
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("{e}\n")))
+}
+
 async fn flamegraph_json(
     State(history): State<Option<Arc<FlameHistory>>>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let query = match api::parse(query.as_deref().unwrap_or(""), now_unix_nanos()) {
+    let query = match parse_query(query.as_deref()) {
         Ok(q) => q,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+        Err(refused) => return refused.into_response(),
     };
     let answer = with_history(history, move |h| {
         h.query(&query).map(|view| api::to_json(&view, &query))
@@ -233,9 +241,9 @@ async fn flamegraph_pprof(
     State(history): State<Option<Arc<FlameHistory>>>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let query = match api::parse(query.as_deref().unwrap_or(""), now_unix_nanos()) {
+    let query = match parse_query(query.as_deref()) {
         Ok(q) => q,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+        Err(refused) => return refused.into_response(),
     };
     let answer = with_history(history, move |h| {
         h.window(&query)

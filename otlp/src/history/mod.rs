@@ -170,17 +170,7 @@ impl Tables {
         }
         let id = self.processes.len() as u32;
         let info = Arc::new(process.clone());
-        for s in [
-            &info.executable_name,
-            &info.executable_path,
-            &info.service_name,
-            &info.container_id,
-            &info.k8s_pod_uid,
-            &info.container_name,
-            &info.command_line,
-            &info.k8s.pod,
-            &info.k8s.namespace,
-        ] {
+        for s in info.strings() {
             self.charge_str(s);
         }
         self.bytes += 2 * (size_of::<ProcessInfo>() + OVERHEAD) + info.labels.len() * 32;

@@ -220,6 +220,22 @@ impl FlameQuery {
     }
 }
 
+impl Slot {
+    /// `covered` grown to include this slot's window.
+    fn widen(&self, covered: Option<RangeNanos>) -> RangeNanos {
+        match covered {
+            None => RangeNanos {
+                from: self.start,
+                to: self.end,
+            },
+            Some(c) => RangeNanos {
+                from: c.from.min(self.start),
+                to: c.to.max(self.end),
+            },
+        }
+    }
+}
+
 /// The slots a range takes: those whose midpoint lies in it.
 fn in_range(slot: &Slot, range: RangeNanos) -> bool {
     let mid = slot.start + (slot.end.saturating_sub(slot.start)) / 2;
@@ -272,16 +288,7 @@ impl History {
             .iter()
             .filter(|s| kind_matches(s.kind, &query.kind) && in_range(s, range))
         {
-            covered = Some(match covered {
-                None => RangeNanos {
-                    from: slot.start,
-                    to: slot.end,
-                },
-                Some(c) => RangeNanos {
-                    from: c.from.min(slot.start),
-                    to: c.to.max(slot.end),
-                },
-            });
+            covered = Some(slot.widen(covered));
             for row in slot
                 .rows
                 .iter()
@@ -575,16 +582,7 @@ impl History {
         {
             batch.kind = slot.kind;
             batch.period_nanos = slot.period_nanos;
-            covered = Some(covered.map_or(
-                RangeNanos {
-                    from: slot.start,
-                    to: slot.end,
-                },
-                |c| RangeNanos {
-                    from: c.from.min(slot.start),
-                    to: c.to.max(slot.end),
-                },
-            ));
+            covered = Some(slot.widen(covered));
             for row in slot
                 .rows
                 .iter()

@@ -52,7 +52,8 @@
     };
   }
 
-  function writeState() {
+  // The range, filters and focus: what both the URL and the API carry.
+  function viewParams() {
     const p = new URLSearchParams();
     p.set('kind', state.kind);
     if (state.from !== null && state.to !== null) {
@@ -61,13 +62,18 @@
     } else {
       p.set('last', state.last || 300);
     }
-    if (state.diffFrom !== null && state.diffTo !== null) {
-      p.set('diff_from', state.diffFrom);
-      p.set('diff_to', state.diffTo);
-    }
     for (const k of FILTERS) if (state[k]) p.set(k, state[k]);
     if (state.types.length) p.set('types', state.types.join(','));
     for (const f of state.focus) p.append('focus', f);
+    return p;
+  }
+
+  function writeState() {
+    const p = viewParams();
+    if (diffOn()) {
+      p.set('diff_from', state.diffFrom);
+      p.set('diff_to', state.diffTo);
+    }
     if (state.search) p.set('search', state.search);
     if (state.flame) p.set('flame', '1');
     history.replaceState(null, '', '#' + p.toString());
@@ -76,17 +82,7 @@
   // The API's parameters for the state; `forDownload` leaves out what only
   // shapes the drawing.
   function apiParams(forDownload) {
-    const p = new URLSearchParams();
-    p.set('kind', state.kind);
-    if (state.from !== null && state.to !== null) {
-      p.set('from', state.from);
-      p.set('to', state.to);
-    } else {
-      p.set('last', state.last || 300);
-    }
-    for (const k of FILTERS) if (state[k]) p.set(k, state[k]);
-    if (state.types.length) p.set('types', state.types.join(','));
-    for (const f of state.focus) p.append('focus', f);
+    const p = viewParams();
     if (!forDownload) {
       if (diffOn()) {
         p.set('diff_from', state.diffFrom);
