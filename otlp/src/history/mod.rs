@@ -17,6 +17,7 @@ mod tests;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
+    hash::BuildHasher,
     mem::size_of,
     sync::{
         Arc,
@@ -25,7 +26,11 @@ use std::{
     time::Duration,
 };
 
-use crate::model::{HostInfo, ProcessInfo, ProfileBatch, ProfileKind, Stack};
+use foldhash::fast::FixedState;
+
+use crate::model::{
+    Frame, FrameKind, HostInfo, Line, Mapping, ProcessInfo, ProfileBatch, ProfileKind, Stack,
+};
 use names::{NameId, NameTable};
 
 pub use query::{
@@ -85,12 +90,34 @@ struct Slot {
     rows: Vec<Row>,
 }
 
-/// An interned stack: the model's frames (for pprof downloads) and the
-/// root-first path of frame names the flame graph is built from.
+/// An interned stack: the model's frames (for pprof downloads), the
+/// root-first path of frame names the flame graph is built from, and the
+/// frame types it holds (one bit per [`FrameKind`]).
 #[derive(Debug)]
 struct StackEntry {
     stack: Stack,
     path: Box<[NameId]>,
+    kinds: u16,
+}
+
+/// What is known of one frame allocation: its value's hash, its names
+/// (outermost first) and type. The entry holds the frame, so its address,
+/// the key, stays its own while the entry lives.
+#[derive(Debug)]
+struct FrameEntry {
+    _frame: Arc<Frame>,
+    hash: u64,
+    names: Box<[NameId]>,
+    kind_bit: u16,
+}
+
+/// No next stack in a hash chain.
+const NONE: u32 = u32::MAX;
+
+/// The bit of a frame type in [`StackEntry::kinds`].
+fn kind_bit(kind: FrameKind) -> u16 {
+    let index = FrameKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+    1 << index
 }
 
 /// A thread as the rows name it.
@@ -101,19 +128,28 @@ struct ThreadKey {
 }
 
 /// The tables rows point into: rebuilt together when slots are dropped.
+///
+/// Stacks are found by the frames' allocations first: the profiler hands
+/// the same `Arc<Frame>` for a frame it symbolized before, so a stack seen
+/// again costs a lookup per frame, not a hash of every name in it. Equal
+/// frames in distinct allocations still give one stack (by value).
 #[derive(Debug, Default)]
 struct Tables {
     names: NameTable,
+    frames: HashMap<usize, FrameEntry, FixedState>,
     stacks: Vec<StackEntry>,
-    stack_ids: HashMap<Stack, u32>,
+    /// A stack's value hash to the newest stack with it; `same_hash` links
+    /// to the others.
+    stack_heads: HashMap<u64, u32, FixedState>,
+    same_hash: Vec<u32>,
     processes: Vec<Arc<ProcessInfo>>,
     process_ids: HashMap<Arc<ProcessInfo>, u32>,
     threads: Vec<ThreadKey>,
     thread_ids: HashMap<ThreadKey, u32>,
-    /// Heap objects already charged (shared strings, frames, stacks). Every
+    /// Heap objects already charged (shared strings and mappings). Every
     /// pointer in it belongs to an object the tables keep alive, so none is
     /// reused while it is here.
-    charged: HashSet<usize>,
+    charged: HashSet<usize, FixedState>,
     bytes: usize,
 }
 
@@ -124,43 +160,69 @@ impl Tables {
         }
     }
 
-    fn stack_id(&mut self, stack: &Stack) -> u32 {
-        if let Some(&id) = self.stack_ids.get(stack) {
-            return id;
-        }
-        let id = self.stacks.len() as u32;
-        let path = self.names.path_of(stack);
-        self.bytes += size_of::<StackEntry>() + path.len() * size_of::<NameId>() + OVERHEAD;
-        // The map's key and entry.
-        self.bytes += size_of::<(Stack, u32)>() + OVERHEAD;
-        if self.charged.insert(stack.as_ptr() as usize) {
-            self.bytes += stack.len() * size_of::<usize>() + 2 * size_of::<usize>() + OVERHEAD;
-            for frame in stack.iter() {
-                if !self.charged.insert(Arc::as_ptr(frame) as usize) {
-                    continue;
-                }
-                self.bytes += size_of::<crate::model::Frame>() + 2 * size_of::<usize>() + OVERHEAD;
-                self.bytes += frame.lines.capacity() * size_of::<crate::model::Line>();
-                for line in &frame.lines {
-                    self.charge_str(&line.function_name);
-                    self.charge_str(&line.system_name);
-                    if let Some(file) = &line.filename {
-                        self.charge_str(file);
-                    }
-                }
-                if let Some(mapping) = &frame.mapping
-                    && self.charged.insert(Arc::as_ptr(mapping) as usize)
-                {
-                    self.bytes += size_of::<crate::model::Mapping>() + OVERHEAD;
-                    self.charge_str(&mapping.filename);
+    /// The frame's entry, made on first sight.
+    fn frame(&mut self, frame: &Arc<Frame>) -> &FrameEntry {
+        let key = Arc::as_ptr(frame) as usize;
+        if !self.frames.contains_key(&key) {
+            self.bytes += size_of::<Frame>() + size_of::<FrameEntry>() + 2 * OVERHEAD;
+            self.bytes += frame.lines.capacity() * size_of::<Line>();
+            for line in &frame.lines {
+                self.charge_str(&line.function_name);
+                self.charge_str(&line.system_name);
+                if let Some(file) = &line.filename {
+                    self.charge_str(file);
                 }
             }
+            if let Some(mapping) = &frame.mapping
+                && self.charged.insert(Arc::as_ptr(mapping) as usize)
+            {
+                self.bytes += size_of::<Mapping>() + OVERHEAD;
+                self.charge_str(&mapping.filename);
+            }
+            let names = self.names.names_of(frame);
+            self.bytes += names.len() * size_of::<NameId>();
+            let entry = FrameEntry {
+                _frame: frame.clone(),
+                hash: FixedState::default().hash_one(&**frame),
+                names,
+                kind_bit: kind_bit(frame.kind),
+            };
+            self.frames.insert(key, entry);
         }
+        &self.frames[&key]
+    }
+
+    fn stack_id(&mut self, stack: &Stack) -> u32 {
+        let mut hash: u64 = stack.len() as u64;
+        for frame in stack.iter() {
+            let h = self.frame(frame).hash;
+            hash = (hash.rotate_left(5) ^ h).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+        let mut at = self.stack_heads.get(&hash).copied().unwrap_or(NONE);
+        while at != NONE {
+            if self.stacks[at as usize].stack == *stack {
+                return at;
+            }
+            at = self.same_hash[at as usize];
+        }
+        let id = self.stacks.len() as u32;
+        let mut path = Vec::with_capacity(stack.len());
+        let mut kinds = 0;
+        for frame in stack.iter().rev() {
+            let entry = self.frame(frame);
+            kinds |= entry.kind_bit;
+            path.extend_from_slice(&entry.names);
+        }
+        self.bytes += size_of::<StackEntry>() + path.len() * size_of::<NameId>() + OVERHEAD;
+        self.bytes += stack.len() * size_of::<usize>() + 2 * size_of::<usize>() + OVERHEAD;
+        self.bytes += size_of::<(u64, u32)>() + size_of::<u32>();
         self.stacks.push(StackEntry {
             stack: stack.clone(),
-            path,
+            path: path.into_boxed_slice(),
+            kinds,
         });
-        self.stack_ids.insert(stack.clone(), id);
+        self.same_hash
+            .push(self.stack_heads.insert(hash, id).unwrap_or(NONE));
         id
     }
 

@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, mem::size_of, sync::Arc};
 
-use crate::model::{Frame, FrameKind, Stack};
+use crate::model::{Frame, FrameKind};
 
 /// An interned (name, frame type).
 pub(super) type NameId = u32;
@@ -47,23 +47,21 @@ impl NameTable {
         id
     }
 
-    /// The stack's names from the root down. A frame with inlined
-    /// functions gives one name per function, the outermost first; an
-    /// unsymbolized one is named after its file (`[libc.so.6]`), as
-    /// flame graph tools do, so that its addresses add up in one place.
-    pub fn path_of(&mut self, stack: &Stack) -> Box<[NameId]> {
-        let mut path = Vec::with_capacity(stack.len());
-        for frame in stack.iter().rev() {
-            if frame.lines.is_empty() {
-                let name = self.unsymbolized(frame);
-                path.push(self.intern(name, frame.kind));
-            } else {
-                for line in frame.lines.iter().rev() {
-                    path.push(self.intern(line.function_name.clone(), frame.kind));
-                }
-            }
+    /// A frame's names, the outermost first: one per function with its
+    /// inlined ones; an unsymbolized frame is named after its file
+    /// (`[libc.so.6]`), as flame graph tools do, so that its addresses add
+    /// up in one place.
+    pub fn names_of(&mut self, frame: &Frame) -> Box<[NameId]> {
+        if frame.lines.is_empty() {
+            let name = self.unsymbolized(frame);
+            return Box::new([self.intern(name, frame.kind)]);
         }
-        path.into_boxed_slice()
+        frame
+            .lines
+            .iter()
+            .rev()
+            .map(|line| self.intern(line.function_name.clone(), frame.kind))
+            .collect()
     }
 
     fn unsymbolized(&mut self, frame: &Frame) -> Arc<str> {

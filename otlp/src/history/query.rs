@@ -199,6 +199,13 @@ pub struct FlameView {
     pub timeline: Vec<TimelinePoint>,
 }
 
+/// Unfiltered sums of the shown range, for the filters' choices.
+struct FacetSums {
+    processes: Vec<u64>,
+    threads: Vec<u64>,
+    stacks: Vec<u64>,
+}
+
 /// The profile kind's name as [`ProfileKind::name`] gives it.
 fn kind_matches(kind: ProfileKind, name: &str) -> bool {
     kind.name() == name
@@ -272,34 +279,6 @@ impl History {
         }))
     }
 
-    /// Sums the rows of a range that pass the filters, per stack; returns
-    /// them and the range the slots cover.
-    fn sum_stacks(
-        &self,
-        query: &FlameQuery,
-        range: RangeNanos,
-        process_ok: &[bool],
-    ) -> (HashMap<u32, u64>, Option<RangeNanos>) {
-        let weighted = query.kind != "cpu";
-        let mut sums: HashMap<u32, u64> = HashMap::new();
-        let mut covered: Option<RangeNanos> = None;
-        for slot in self
-            .slots
-            .iter()
-            .filter(|s| kind_matches(s.kind, &query.kind) && in_range(s, range))
-        {
-            covered = Some(slot.widen(covered));
-            for row in slot
-                .rows
-                .iter()
-                .filter(|r| self.row_passes(query, r, process_ok))
-            {
-                *sums.entry(row.stack).or_default() += Self::value(weighted, row);
-            }
-        }
-        (sums, covered)
-    }
-
     fn row_passes(&self, query: &FlameQuery, row: &Row, process_ok: &[bool]) -> bool {
         process_ok[row.process as usize]
             && query
@@ -308,10 +287,10 @@ impl History {
     }
 
     /// The path of a stack the query sees: frames of the chosen types only.
-    fn view_path(&self, query: &FlameQuery, stack: u32) -> Vec<NameId> {
+    fn view_path(&self, query: &FlameQuery, stack: u32) -> std::borrow::Cow<'_, [NameId]> {
         let path = &self.tables.stacks[stack as usize].path;
         match &query.types {
-            None => path.to_vec(),
+            None => std::borrow::Cow::Borrowed(path),
             Some(types) => path
                 .iter()
                 .copied()
@@ -330,36 +309,110 @@ impl History {
                 .all(|(f, &id)| *self.tables.names.get(id).name == **f)
     }
 
-    /// Answers a query.
+    /// Answers a query: one pass over the kind's rows sums them per stack
+    /// (shown range, baseline, and unfiltered for the filters' choices) and
+    /// per slot (the timeline); the stacks with samples are then sorted by
+    /// path and summed into the tree in one walk.
     pub fn query(&self, query: &FlameQuery) -> Result<FlameView, QueryError> {
         let range = self.resolve(query)?;
         let weighted = query.kind != "cpu";
-        let process_ok: Vec<bool> = self
-            .tables
+        let tables = &self.tables;
+        let process_ok: Vec<bool> = tables
             .processes
             .iter()
             .map(|p| query.keeps_process(p))
             .collect();
-        let (sums, covered) = match range {
-            Some(r) => self.sum_stacks(query, r, &process_ok),
-            None => (HashMap::new(), None),
+        let stacks = tables.stacks.len();
+        let mut shown = vec![0u64; stacks];
+        let mut base = vec![0u64; if query.baseline.is_some() { stacks } else { 0 }];
+        let mut sums = FacetSums {
+            processes: vec![0; tables.processes.len()],
+            threads: vec![0; tables.threads.len()],
+            stacks: vec![0; stacks],
         };
-        let (base_sums, base_covered) = match query.baseline {
-            Some(r) => self.sum_stacks(query, r, &process_ok),
-            None => (HashMap::new(), None),
-        };
+        let mut timeline = Vec::new();
+        let (mut covered, mut base_covered) = (None, None);
+        for slot in self
+            .slots
+            .iter()
+            .filter(|s| kind_matches(s.kind, &query.kind))
+        {
+            let in_shown = range.is_some_and(|r| in_range(slot, r));
+            let in_base = query.baseline.is_some_and(|r| in_range(slot, r));
+            let mut slot_value = 0;
+            for row in &slot.rows {
+                let value = Self::value(weighted, row);
+                if in_shown {
+                    sums.processes[row.process as usize] += value;
+                    sums.stacks[row.stack as usize] += value;
+                    if query
+                        .pid
+                        .is_none_or(|pid| tables.processes[row.process as usize].pid == pid)
+                    {
+                        sums.threads[row.thread as usize] += value;
+                    }
+                }
+                if !self.row_passes(query, row, &process_ok) {
+                    continue;
+                }
+                slot_value += value;
+                if in_shown {
+                    shown[row.stack as usize] += value;
+                }
+                if in_base {
+                    base[row.stack as usize] += value;
+                }
+            }
+            timeline.push(TimelinePoint {
+                range: slot.widen(None),
+                value: slot_value,
+            });
+            if in_shown {
+                covered = Some(slot.widen(covered));
+            }
+            if in_base {
+                base_covered = Some(slot.widen(base_covered));
+            }
+        }
 
+        // The stacks with samples, each as the path the query sees.
+        let mut entries: Vec<(std::borrow::Cow<'_, [NameId]>, u64, u64)> = Vec::new();
+        let (mut total, mut base_total) = (0, 0);
+        for (stack, &v) in shown.iter().enumerate() {
+            let b = base.get(stack).copied().unwrap_or(0);
+            if v == 0 && b == 0 {
+                continue;
+            }
+            let path = self.view_path(query, stack as u32);
+            if path.is_empty() {
+                continue;
+            }
+            total += v;
+            base_total += b;
+            entries.push((path, v, b));
+        }
         // The focus: the longest prefix of the one asked for that some
         // stack has, so that a stale link still shows something.
-        let paths: HashMap<u32, Vec<NameId>> = sums
-            .keys()
-            .chain(base_sums.keys())
-            .map(|&s| (s, self.view_path(query, s)))
+        let matched = entries
+            .iter()
+            .map(|(path, _, _)| {
+                query
+                    .focus
+                    .iter()
+                    .zip(path.iter())
+                    .take_while(|(f, id)| *tables.names.get(**id).name == ***f)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        let focus: Vec<String> = query.focus[..matched].to_vec();
+        let skip = focus.len().saturating_sub(1);
+        let mut under: Vec<(&[NameId], &[NameId], u64, u64)> = entries
+            .iter()
+            .filter(|(path, _, _)| matched == 0 || self.focus_matches(&focus, path))
+            .map(|(path, v, b)| (&path[..], &path[skip..], *v, *b))
             .collect();
-        let mut focus = query.focus.clone();
-        while !focus.is_empty() && !paths.values().any(|p| self.focus_matches(&focus, p)) {
-            focus.pop();
-        }
+        under.sort_unstable_by(|a, b| a.1.cmp(b.1));
 
         let needle = query
             .search
@@ -368,75 +421,35 @@ impl History {
             .filter(|t| !t.is_empty())
             .map(str::to_lowercase);
         let matching: Vec<bool> = match &needle {
-            Some(n) => (0..self.tables.names.len() as NameId)
-                .map(|id| self.tables.names.get(id).name.to_lowercase().contains(n))
+            Some(n) => (0..tables.names.len() as NameId)
+                .map(|id| tables.names.get(id).name.to_lowercase().contains(n))
                 .collect(),
             None => Vec::new(),
         };
-
-        let mut trie = Trie::new(self.tables.names.len());
         let mut search = needle.as_ref().map(|term| SearchResult {
             term: term.clone(),
             value: 0,
             base_value: 0,
             matches: matching.iter().filter(|m| **m).count(),
         });
-        let (mut total, mut base_total) = (0, 0);
-        for (sums, baseline) in [(&sums, false), (&base_sums, true)] {
-            for (stack, &value) in sums {
-                let path = &paths[stack];
-                if path.is_empty() {
-                    continue;
-                }
-                if baseline {
-                    base_total += value;
-                } else {
-                    total += value;
-                }
-                if !self.focus_matches(&focus, path) {
-                    continue;
-                }
-                let below = &path[focus.len().saturating_sub(1)..];
-                let below = if focus.is_empty() { &path[..] } else { below };
-                trie.add(below, value, baseline);
-                if let Some(found) = search.as_mut()
-                    && path.iter().any(|&id| matching[id as usize])
-                {
-                    if baseline {
-                        found.base_value += value;
-                    } else {
-                        found.value += value;
-                    }
-                }
+        let mut trie = Trie::new(tables.names.len());
+        for &(full, path, v, b) in &under {
+            trie.add_sorted(path, v, b);
+            if let Some(found) = search.as_mut()
+                && full.iter().any(|&id| matching[id as usize])
+            {
+                found.value += v;
+                found.base_value += b;
             }
         }
         let (root, nodes) = trie.to_tree(
-            &self.tables.names,
-            focus.last().map(String::as_str),
+            &tables.names,
+            !focus.is_empty(),
             query.min_share,
             query.max_nodes,
         );
-        let top = trie.top(&self.tables.names, MAX_FACET_ENTRIES);
-        let all_nodes = trie.len();
-        let (processes, threads, containers, pods, services, types) =
-            self.facets(query, range, weighted);
-        let timeline = self
-            .slots
-            .iter()
-            .filter(|s| kind_matches(s.kind, &query.kind))
-            .map(|slot| TimelinePoint {
-                range: RangeNanos {
-                    from: slot.start,
-                    to: slot.end,
-                },
-                value: slot
-                    .rows
-                    .iter()
-                    .filter(|r| self.row_passes(query, r, &process_ok))
-                    .map(|r| Self::value(weighted, r))
-                    .sum(),
-            })
-            .collect();
+        let top = trie.top(&tables.names, MAX_FACET_ENTRIES);
+        let facets = self.facets(&sums);
         Ok(FlameView {
             kind: query.kind.clone(),
             unit: if weighted { "nanoseconds" } else { "samples" },
@@ -447,96 +460,90 @@ impl History {
             root,
             focus,
             nodes,
-            all_nodes,
+            all_nodes: trie.len(),
             top,
             search,
-            processes,
-            threads,
-            containers,
-            pods,
-            services,
-            types,
+            processes: facets[0].clone(),
+            threads: facets[1].clone(),
+            containers: facets[2].clone(),
+            pods: facets[3].clone(),
+            services: facets[4].clone(),
+            types: facets[5].clone(),
             timeline,
         })
     }
 
-    /// The filters' choices in the range: every filter's values, whatever
-    /// the other filters (threads: of the chosen process only).
-    #[allow(clippy::type_complexity)]
-    fn facets(
-        &self,
-        query: &FlameQuery,
-        range: Option<RangeNanos>,
-        weighted: bool,
-    ) -> (
-        Vec<Facet>,
-        Vec<Facet>,
-        Vec<Facet>,
-        Vec<Facet>,
-        Vec<Facet>,
-        Vec<Facet>,
-    ) {
+    /// The filters' choices in the shown range, from the unfiltered sums:
+    /// processes, threads (of the chosen process, if one is), containers,
+    /// pods, services and frame types.
+    fn facets(&self, sums: &FacetSums) -> [Vec<Facet>; 6] {
+        let tables = &self.tables;
         let mut maps: [HashMap<String, (String, u64)>; 6] = Default::default();
-        let Some(range) = range else {
-            return Default::default();
+        let mut add = |i: usize, key: &str, label: &dyn Fn() -> String, value: u64| {
+            if !key.is_empty() && value > 0 {
+                maps[i]
+                    .entry(key.to_owned())
+                    .or_insert_with(|| (label(), 0))
+                    .1 += value;
+            }
         };
-        let mut kinds_of_stack: HashMap<u32, Vec<FrameKind>> = HashMap::new();
-        for slot in self
-            .slots
-            .iter()
-            .filter(|s| kind_matches(s.kind, &query.kind) && in_range(s, range))
-        {
-            for row in &slot.rows {
-                let value = Self::value(weighted, row);
-                let p = &self.tables.processes[row.process as usize];
-                let mut add = |i: usize, key: &str, label: String| {
-                    if !key.is_empty() {
-                        let entry = maps[i].entry(key.to_owned()).or_insert((label, 0));
-                        entry.1 += value;
+        for (p, &value) in tables.processes.iter().zip(&sums.processes) {
+            add(
+                0,
+                &p.pid.to_string(),
+                &|| format!("{} ({})", p.executable_name, p.pid),
+                value,
+            );
+            add(
+                2,
+                &p.container_id,
+                &|| {
+                    if p.container_name.is_empty() {
+                        p.container_id.to_string()
+                    } else {
+                        format!("{} ({:.12})", p.container_name, p.container_id)
                     }
-                };
-                add(
-                    0,
-                    &p.pid.to_string(),
-                    format!("{} ({})", p.executable_name, p.pid),
-                );
-                if query.pid.is_none_or(|pid| pid == p.pid) {
-                    let t = &self.tables.threads[row.thread as usize];
-                    add(1, &t.tid.to_string(), format!("{} ({})", t.name, t.tid));
-                }
-                let container = if p.container_name.is_empty() {
-                    p.container_id.to_string()
-                } else {
-                    format!("{} ({:.12})", p.container_name, p.container_id)
-                };
-                add(2, &p.container_id, container);
-                let pod = if p.k8s.pod.is_empty() {
-                    p.k8s_pod_uid.to_string()
-                } else {
-                    format!("{}/{}", p.k8s.namespace, p.k8s.pod)
-                };
-                add(3, &p.k8s_pod_uid, pod);
-                add(4, &p.service_name, p.service_name.to_string());
-                let kinds = kinds_of_stack.entry(row.stack).or_insert_with(|| {
-                    let mut kinds: Vec<FrameKind> = self.tables.stacks[row.stack as usize]
-                        .stack
-                        .iter()
-                        .map(|f| f.kind)
-                        .collect();
-                    kinds.sort_unstable();
-                    kinds.dedup();
-                    kinds
-                });
-                for kind in kinds.iter() {
-                    let name = kind.as_otel_str();
-                    let entry = maps[5]
-                        .entry(name.to_owned())
-                        .or_insert((name.to_owned(), 0));
-                    entry.1 += value;
+                },
+                value,
+            );
+            add(
+                3,
+                &p.k8s_pod_uid,
+                &|| {
+                    if p.k8s.pod.is_empty() {
+                        p.k8s_pod_uid.to_string()
+                    } else {
+                        format!("{}/{}", p.k8s.namespace, p.k8s.pod)
+                    }
+                },
+                value,
+            );
+            add(4, &p.service_name, &|| p.service_name.to_string(), value);
+        }
+        for (t, &value) in tables.threads.iter().zip(&sums.threads) {
+            add(
+                1,
+                &t.tid.to_string(),
+                &|| format!("{} ({})", t.name, t.tid),
+                value,
+            );
+        }
+        let mut by_kind = [0u64; FrameKind::ALL.len()];
+        for (entry, &value) in tables.stacks.iter().zip(&sums.stacks) {
+            if value == 0 {
+                continue;
+            }
+            for (i, sum) in by_kind.iter_mut().enumerate() {
+                if entry.kinds & (1 << i) != 0 {
+                    *sum += value;
                 }
             }
         }
-        let [a, b, c, d, e, f] = maps.map(|m| {
+        for (kind, value) in FrameKind::ALL.iter().zip(by_kind) {
+            let name = kind.as_otel_str();
+            add(5, name, &|| name.to_owned(), value);
+        }
+        maps.map(|m| {
             let mut facets: Vec<Facet> = m
                 .into_iter()
                 .map(|(key, (label, value))| Facet { key, label, value })
@@ -544,8 +551,7 @@ impl History {
             facets.sort_by(|x, y| y.value.cmp(&x.value).then_with(|| x.key.cmp(&y.key)));
             facets.truncate(MAX_FACET_ENTRIES);
             facets
-        });
-        (a, b, c, d, e, f)
+        })
     }
 
     /// The samples a query shows, as a batch the pprof encoder takes: the
@@ -573,7 +579,8 @@ impl History {
             .iter()
             .map(|p| query.keeps_process(p))
             .collect();
-        let mut groups: HashMap<(u32, u32, u32), (u64, u64)> = HashMap::new();
+        let mut groups: HashMap<(u32, u32, u32), (u64, u64), foldhash::fast::FixedState> =
+            HashMap::default();
         let mut covered: Option<RangeNanos> = None;
         for slot in self
             .slots

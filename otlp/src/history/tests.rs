@@ -349,3 +349,15 @@ fn bad_queries_are_refused() {
     let view = h.query(&FlameQuery::default()).unwrap();
     assert_eq!((view.total, view.root.children.len()), (0, 0));
 }
+
+#[test]
+fn equal_stacks_in_new_allocations_are_one_stack() {
+    let mut h = roomy();
+    // `stack` makes new frame allocations each call.
+    h.ingest(&batch(0, &[(1, 1, &stack(&["main", "alpha"]), 2)]), T0);
+    h.ingest(&batch(10, &[(1, 1, &stack(&["main", "alpha"]), 3)]), T0);
+    h.ingest(&batch(20, &[(1, 1, &stack(&["main", "beta"]), 1)]), T0);
+    assert_eq!(h.tables.stacks.len(), 2);
+    let view = h.query(&FlameQuery::default()).unwrap();
+    assert_eq!(child(child(&view.root, "main"), "alpha").total, 5);
+}

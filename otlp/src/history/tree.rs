@@ -1,6 +1,6 @@
 //! The call tree a query sums stacks into, and the pruned tree it sends.
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use super::names::{NameId, NameTable};
 use super::query::{FlameNode, TopRow};
@@ -17,11 +17,13 @@ struct TrieNode {
     base_self: u64,
 }
 
-/// Stacks summed by path; node 0 is the root.
+/// Stacks summed by path; node 0 is the root. Paths come sorted, so a
+/// path shares its first nodes with the one before it: no lookups.
 #[derive(Debug)]
 pub(super) struct Trie {
     nodes: Vec<TrieNode>,
-    children: HashMap<(u32, NameId), u32>,
+    /// The nodes of the last path added, root excluded.
+    open: Vec<u32>,
     self_by_name: Vec<u64>,
     total_by_name: Vec<u64>,
     /// The last stack each name was counted in, so that a recursive
@@ -43,7 +45,7 @@ impl Trie {
                 base_total: 0,
                 base_self: 0,
             }],
-            children: HashMap::new(),
+            open: Vec::new(),
             self_by_name: vec![0; names],
             total_by_name: vec![0; names],
             counted_in: vec![u32::MAX; names],
@@ -56,30 +58,35 @@ impl Trie {
         self.nodes.len()
     }
 
-    /// Adds a stack's root-first `path` with `value`, of the range shown or
-    /// of the baseline.
-    pub fn add(&mut self, path: &[NameId], value: u64, baseline: bool) {
-        let mut at = 0u32;
-        self.bump(0, value, baseline, path.is_empty());
-        for (i, &name) in path.iter().enumerate() {
-            let next = self.nodes.len() as u32;
-            let child = *self.children.entry((at, name)).or_insert(next);
-            if child == next {
-                let depth = self.nodes[at as usize].depth + 1;
-                self.nodes.push(TrieNode {
-                    name,
-                    parent: at,
-                    depth,
-                    total: 0,
-                    self_value: 0,
-                    base_total: 0,
-                    base_self: 0,
-                });
-            }
-            at = child;
-            self.bump(at, value, baseline, i + 1 == path.len());
+    /// Adds a root-first `path` with `value` in the shown range and `base`
+    /// in the baseline; paths must come in sorted order.
+    pub fn add_sorted(&mut self, path: &[NameId], value: u64, base: u64) {
+        let shared = self
+            .open
+            .iter()
+            .zip(path)
+            .take_while(|(node, name)| self.nodes[**node as usize].name == **name)
+            .count();
+        self.open.truncate(shared);
+        for &name in &path[shared..] {
+            let parent = self.open.last().copied().unwrap_or(0);
+            let depth = self.nodes[parent as usize].depth + 1;
+            self.open.push(self.nodes.len() as u32);
+            self.nodes.push(TrieNode {
+                name,
+                parent,
+                depth,
+                total: 0,
+                self_value: 0,
+                base_total: 0,
+                base_self: 0,
+            });
         }
-        if baseline {
+        self.bump(0, value, base, path.is_empty());
+        for i in 0..self.open.len() {
+            self.bump(self.open[i], value, base, i + 1 == path.len());
+        }
+        if value == 0 {
             return;
         }
         let stamp = self.stacks_added;
@@ -95,18 +102,13 @@ impl Trie {
         }
     }
 
-    fn bump(&mut self, node: u32, value: u64, baseline: bool, leaf: bool) {
+    fn bump(&mut self, node: u32, value: u64, base: u64, leaf: bool) {
         let n = &mut self.nodes[node as usize];
-        if baseline {
-            n.base_total += value;
-            if leaf {
-                n.base_self += value;
-            }
-        } else {
-            n.total += value;
-            if leaf {
-                n.self_value += value;
-            }
+        n.total += value;
+        n.base_total += base;
+        if leaf {
+            n.self_value += value;
+            n.base_self += base;
         }
     }
 
@@ -118,17 +120,15 @@ impl Trie {
     pub fn to_tree(
         &self,
         names: &NameTable,
-        focus: Option<&str>,
+        focused: bool,
         min_share: f64,
         max_nodes: usize,
     ) -> (FlameNode, usize) {
-        let root = match focus {
-            Some(_) => self
-                .children
-                .iter()
-                .find(|((parent, _), _)| *parent == 0)
-                .map_or(0, |(_, &child)| child),
-            None => 0,
+        // Focused: every path starts with the focused frame, node 1.
+        let root = if focused && self.nodes.len() > 1 {
+            1
+        } else {
+            0
         };
         let (all, base_all) = (self.nodes[0].total, self.nodes[0].base_total);
         let width = |n: &TrieNode| -> f64 {
@@ -168,9 +168,8 @@ impl Trie {
         }
         let mut kept_children: Vec<Vec<u32>> = vec![Vec::new(); self.nodes.len()];
         let mut all_children = vec![0usize; self.nodes.len()];
-        for (i, node) in self.nodes.iter().enumerate().skip(1) {
+        for node in self.nodes.iter().skip(1) {
             all_children[node.parent as usize] += 1;
-            let _ = i;
         }
         let mut kept = vec![false; self.nodes.len()];
         for &c in &candidates {
