@@ -9,8 +9,10 @@
 //! tables are compacted when they do.
 
 mod names;
-pub mod query;
+mod query;
 mod tree;
+mod view;
+mod window;
 
 #[cfg(test)]
 mod tests;
@@ -33,9 +35,10 @@ use crate::model::{
 };
 use names::{NameId, NameTable};
 
-pub use query::{
-    DEFAULT_WINDOW_NANOS, Facet, FlameNode, FlameQuery, FlameView, QueryError, RangeNanos,
-    SearchResult, TimelinePoint, TopRow,
+pub use query::DEFAULT_WINDOW_NANOS;
+pub use view::{
+    Facet, FlameNode, FlameQuery, FlameView, QueryError, RangeNanos, SearchResult, TimelinePoint,
+    TopRow,
 };
 
 /// Allocation overhead charged per heap allocation.

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::names::{NameId, NameTable};
-use super::query::{FlameNode, TopRow};
+use super::view::{FlameNode, TopRow};
 
 /// A node: one path from the root.
 #[derive(Debug, Clone, Copy)]
