@@ -459,3 +459,28 @@ fn compressed_debug_sections() {
         assert_inline_chain(&frame, "zsec.c");
     }
 }
+
+/// The fuzz target `elf_symbols` found this file: DWARF, and a load segment
+/// at 0xffff_ffff_ffff_ffef, so file offset 0x10 maps to the address
+/// `u64::MAX`, which addr2line cannot look up without overflowing. A
+/// look-up there now finds nothing, and offsets past it have no address.
+#[test]
+fn a_segment_at_the_end_of_the_address_space_is_no_panic() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/regressions/elf_symbols/dwarf-load-segment-at-u64-max");
+    let symbols = ElfSymbols::load(&path).unwrap();
+    let segment = symbols.segments()[0];
+    let last = symbols.file_offset_to_vaddr(segment.file_offset + 0x10);
+    assert_eq!(last, Some(u64::MAX));
+    // One byte further would wrap: no address.
+    if segment.file_size > 0x11 {
+        assert_eq!(
+            symbols.file_offset_to_vaddr(segment.file_offset + 0x11),
+            None
+        );
+    }
+    let dwarf = dwarf::DwarfInfo::load(&path, None, false, 1 << 30, 1 << 26).unwrap();
+    assert!(dwarf.frames(u64::MAX).unwrap().is_empty());
+    let mut symbolizer = Symbolizer::new(SymbolizerLimits::default());
+    let _ = symbolize_vaddr(&mut symbolizer, &path, u64::MAX);
+}

@@ -179,6 +179,12 @@ impl DwarfInfo {
     /// when no compilation unit covers it.
     pub fn frames(&self, vaddr: u64) -> Result<Vec<DwarfFrame>, gimli::Error> {
         let mut out = Vec::new();
+        // addr2line looks up `vaddr + 1`, which overflows here (a panic in
+        // builds with overflow checks; found by fuzz/ `elf_symbols`). No
+        // instruction starts at the last byte of the address space.
+        if vaddr == u64::MAX {
+            return Ok(out);
+        }
         let mut frames = self.context.find_frames(vaddr).skip_all_loads()?;
         while let Some(frame) = frames.next()? {
             if out.len() >= MAX_INLINE_DEPTH {

@@ -225,7 +225,9 @@ impl ElfSymbols {
     pub fn file_offset_to_vaddr(&self, file_offset: u64) -> Option<u64> {
         self.segments.iter().find_map(|s| {
             let delta = file_offset.checked_sub(s.file_offset)?;
-            (delta < s.file_size).then(|| s.vaddr.wrapping_add(delta))
+            // A segment that wraps past the end of the address space
+            // (a hostile file) has no address for it.
+            (delta < s.file_size).then(|| s.vaddr.checked_add(delta))?
         })
     }
 
