@@ -18,16 +18,9 @@
 //! - `/readyz` turns ready after the first batch and unready while a sink
 //!   fails, while `/healthz` stays up.
 //!
-//!     sudo -E cargo test --release --test deploy -- --test-threads=1 --nocapture
+//!     sudo -E cargo test --release --test integration -- deploy:: --test-threads=1 --nocapture
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves several test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -9,16 +9,9 @@
 //! Needs root (it loads BPF programs); without root it prints why it is
 //! skipped and passes.
 //!
-//!     sudo -E cargo test --test export -- --nocapture
+//!     sudo -E cargo test --release --test integration -- export:: --nocapture
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves several test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

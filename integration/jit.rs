@@ -12,16 +12,9 @@
 //! frames without a perf map (`integration/v8.rs`), is off here: these
 //! tests are the perf map's.
 //!
-//!     sudo -E cargo test --release --test jit -- --test-threads=1 --nocapture
+//!     sudo -E cargo test --release --test integration -- jit:: --test-threads=1 --nocapture
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves several test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::process::Child;

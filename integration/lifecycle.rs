@@ -12,18 +12,11 @@
 //! why they are skipped and pass. The profiling tests run one at a time (they
 //! hold `support::serial()`), as each burns a CPU and measures sample rates.
 //!
-//!     sudo -E cargo test --test lifecycle -- --nocapture
+//!     sudo -E cargo test --release --test integration -- lifecycle:: --nocapture
 //!
 //! prints the measured numbers of each test.
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves both test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

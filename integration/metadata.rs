@@ -6,16 +6,9 @@
 //! the container ID (and pod UID) as OTLP resource attributes and pprof
 //! labels; a host process gets neither.
 //!
-//!     sudo -E cargo test --release --test metadata -- --test-threads=1 --nocapture
+//!     sudo -E cargo test --release --test integration -- metadata:: --test-threads=1 --nocapture
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves several test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

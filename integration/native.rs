@@ -21,18 +21,11 @@
 //! Every test loads BPF programs and needs root; without root it prints why it
 //! is skipped and passes. The tests run one at a time (`support::serial()`).
 //!
-//!     sudo -E cargo test --release --test native -- --test-threads=1 --nocapture
+//!     sudo -E cargo test --release --test integration -- native:: --test-threads=1 --nocapture
 //!
 //! prints the measured numbers of each test.
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves several test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

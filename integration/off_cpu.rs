@@ -14,16 +14,9 @@
 //! Every test loads BPF programs and needs root; without root it prints why
 //! it is skipped and passes.
 //!
-//!     sudo -E cargo test --release --test off_cpu -- --test-threads=1 --nocapture
+//!     sudo -E cargo test --release --test integration -- off_cpu:: --test-threads=1 --nocapture
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves several test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

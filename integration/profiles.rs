@@ -11,18 +11,11 @@
 //! why it is skipped and passes. The tests run one at a time (they hold
 //! `support::serial()`), as each burns a CPU and measures sample rates.
 //!
-//!     sudo -E cargo test --test profiles -- --nocapture
+//!     sudo -E cargo test --release --test integration -- profiles:: --nocapture
 //!
 //! prints the measured numbers of each test.
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves both test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

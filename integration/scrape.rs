@@ -12,16 +12,9 @@
 //! Needs root (the agent loads its BPF programs); without root it prints
 //! why it is skipped and passes.
 //!
-//!     sudo -E cargo test --release --test scrape -- --nocapture
+//!     sudo -E cargo test --release --test integration -- scrape:: --nocapture
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves several test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

@@ -5,16 +5,9 @@
 //! profiled, the others are skipped in BPF, and a process whose pod is not
 //! known yet joins once the pod's labels arrive from the API server.
 //!
-//!     sudo -E cargo test --release --test targets -- --test-threads=1 --nocapture
+//!     sudo -E cargo test --release --test integration -- targets:: --test-threads=1 --nocapture
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves several test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, UNIX_EPOCH};

@@ -7,16 +7,9 @@
 //! names, scripts and lines; the inlined leaf under its callers; native
 //! code under its JavaScript caller; an async function; a worker thread.
 //!
-//!     sudo -E cargo test --release --test v8 -- --test-threads=1 --nocapture
+//!     sudo -E cargo test --release --test integration -- v8:: --test-threads=1 --nocapture
 
-// Test code: a panic is how a helper reports a failed expectation.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
-#[allow(
-    dead_code,
-    reason = "support/ serves several test targets; this one uses only part of it"
-)]
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -89,7 +89,6 @@ pub struct Fixture {
     /// The fixture's stdout after its "ready" line, kept open for the fixture's
     /// whole life (a closed pipe would kill it with SIGPIPE on its next write).
     stdout: BufReader<ChildStdout>,
-    pub exe: PathBuf,
     /// The busy.c workload, when the fixture is busy.c.
     pub mode: Option<Mode>,
 }
@@ -124,7 +123,6 @@ impl Fixture {
         let mut fixture = Fixture {
             child,
             stdout: BufReader::new(stdout),
-            exe: exe.to_path_buf(),
             mode: None,
         };
         let line = fixture.read_line();

@@ -37,8 +37,6 @@ impl PushedSeries {
 /// One request the server received.
 #[derive(Debug, Clone)]
 pub struct Push {
-    /// The request path.
-    pub path: String,
     /// Headers, names lower-cased.
     pub headers: Vec<(String, String)>,
     /// The series it carried.
@@ -153,11 +151,7 @@ fn serve(stream: TcpStream) -> Option<Push> {
     let _ = stream.write_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/proto\r\nContent-Length: 0\r\n\r\n",
     );
-    Some(Push {
-        path,
-        headers,
-        series,
-    })
+    Some(Push { headers, series })
 }
 
 /// A `PushRequest`'s series.

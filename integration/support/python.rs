@@ -26,14 +26,6 @@ pub struct Interpreter {
     pub root: Option<PathBuf>,
 }
 
-impl Interpreter {
-    /// Minor version, from the interpreter's name (`python3.14`).
-    pub fn minor(&self) -> Option<u32> {
-        let name = self.python.file_name()?.to_str()?;
-        name.strip_prefix("python3.")?.parse().ok()
-    }
-}
-
 /// Debian sid's interpreters, in the chroot `scripts/cpython-chroots.sh`
 /// makes (installed on first use; a minute).
 const SID_VERSIONS: [u32; 3] = [13, 14, 15];

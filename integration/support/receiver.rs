@@ -43,8 +43,6 @@ pub struct ReceivedRequest {
     pub grpc_encoding: Option<String>,
     /// Every ASCII request header, as (name, value).
     pub headers: Vec<(String, String)>,
-    /// The decompressed protobuf bytes.
-    pub raw_len: usize,
     /// The decoded request.
     pub request: ExportProfilesServiceRequest,
     /// Fields unknown to the v1.10 schema, as `Message.path: field number`.
@@ -325,7 +323,6 @@ impl tonic::server::UnaryService<Vec<u8>> for ExportCall {
                     arrived,
                     grpc_encoding,
                     headers,
-                    raw_len: raw.len(),
                     request: decoded,
                     unknown_fields,
                 });

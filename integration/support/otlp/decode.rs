@@ -15,10 +15,7 @@ use crate::support::summary::{DecodedSample, Frame};
 #[derive(Debug, Clone)]
 pub struct ResourceInfo {
     pub attributes: BTreeMap<String, AttrValue>,
-    pub scope_name: Option<String>,
     pub pid: Option<i64>,
-    /// Profile windows (time_unix_nano, duration_nano).
-    pub windows: Vec<(u64, u64)>,
 }
 
 pub fn resources(requests: &[ReceivedRequest]) -> Vec<ResourceInfo> {
@@ -33,23 +30,7 @@ pub fn resources(requests: &[ReceivedRequest]) -> Vec<ResourceInfo> {
                 .map(|res| key_values(dict, &res.attributes))
                 .unwrap_or_default();
             let pid = attributes.get("process.pid").and_then(AttrValue::as_int);
-            let scope_name = rp
-                .scope_profiles
-                .first()
-                .and_then(|sp| sp.scope.as_ref())
-                .map(|s| s.name.clone());
-            let windows = rp
-                .scope_profiles
-                .iter()
-                .flat_map(|sp| &sp.profiles)
-                .map(|p| (p.time_unix_nano, p.duration_nano))
-                .collect();
-            out.push(ResourceInfo {
-                attributes,
-                scope_name,
-                pid,
-                windows,
-            });
+            out.push(ResourceInfo { attributes, pid });
         }
     }
     out
