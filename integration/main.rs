@@ -20,6 +20,7 @@
 
 mod support;
 
+mod crowded;
 mod deploy;
 mod export;
 mod flamegraph;

@@ -448,7 +448,7 @@ fn render(stats: &ProfilerStats) -> String {
         crate::off_cpu_metrics::render(&mut out, off_cpu);
     }
     let native = &stats.native;
-    let scalars: [(&str, &str, &str, f64); 20] = [
+    let scalars: [(&str, &str, &str, f64); 23] = [
         (
             "icecore_execs_total",
             "counter",
@@ -566,8 +566,26 @@ fn render(stats: &ProfilerStats) -> String {
         (
             "icecore_unwind_tables_over_budget_total",
             "counter",
-            "Unwind tables left out of BPF by the memory budget.",
+            "Unwind tables left out of BPF because the memory budget was spent by tables sampled in the last 5 s.",
             native.tables_over_budget as f64,
+        ),
+        (
+            "icecore_unwind_tables_evicted_total",
+            "counter",
+            "Unwind tables taken out of BPF to make room, least recently sampled first.",
+            native.tables_evicted as f64,
+        ),
+        (
+            "icecore_unwind_tables_readmitted_total",
+            "counter",
+            "Unwind tables put back into BPF after a sample went through their file.",
+            native.tables_readmitted as f64,
+        ),
+        (
+            "icecore_unwind_table_budget_bytes",
+            "gauge",
+            "Bytes of unwind table rows BPF may hold (--unwind-table-memory).",
+            native.table_budget_bytes as f64,
         ),
     ];
     for (name, kind, help, value) in scalars {

@@ -162,6 +162,8 @@ async fn run(
     let mut options = ProfilerOptions::new(sampler, config.reporter_interval);
     options.wall_clock = config.wall_clock;
     options.symbolizer.max_debug_bytes = config.debug_info_memory_bytes;
+    options.unwind_table_memory =
+        usize::try_from(config.unwind_table_memory_bytes).unwrap_or(usize::MAX);
     if !config.relabel_configs.is_empty() || config.targets.filters() {
         options.labeler = Some(Arc::new(labeler::Relabeler::new(
             config.targets.clone(),

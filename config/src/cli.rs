@@ -151,6 +151,10 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     debug_info_memory: Option<String>,
 
+    /// Kernel memory for the DWARF unwind tables of mapped executables and libraries, like 256MiB; over it, the tables of the files least recently sampled leave BPF (their frames use frame pointers) and come back when sampled again [default: 128MiB]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    unwind_table_memory: Option<String>,
+
     /// Stop after this long (like 30s or 5m), flush and exit 0 [default: run until stopped]
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     duration: Option<String>,
@@ -369,7 +373,7 @@ impl Cli {
         let otlp_listen_memory_bytes = check(
             "otlp-listen-memory",
             self.otlp_listen_memory.as_deref(),
-            validate::receiver_memory,
+            validate::memory_budget,
         )?;
         let pprof_max_files = check(
             "pprof-max-files",
@@ -402,6 +406,11 @@ impl Cli {
             "debug-info-memory",
             self.debug_info_memory.as_deref(),
             validate::memory_size,
+        )?;
+        let unwind_table_memory_bytes = check(
+            "unwind-table-memory",
+            self.unwind_table_memory.as_deref(),
+            validate::memory_budget,
         )?;
         let duration = check("duration", self.duration.as_deref(), validate::run_duration)?;
         let off_cpu_threshold = check(
@@ -506,6 +515,7 @@ impl Cli {
             sampling_frequency_hz,
             reporter_interval,
             debug_info_memory_bytes,
+            unwind_table_memory_bytes,
             duration,
             off_cpu_threshold,
             off_cpu_min_duration,

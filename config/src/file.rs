@@ -16,7 +16,7 @@ mod lists;
 mod scrape;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 48] = [
+pub const KEYS: [&str; 49] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -53,6 +53,7 @@ pub const KEYS: [&str; 48] = [
     "sampling_frequency",
     "reporter_interval",
     "debug_info_memory",
+    "unwind_table_memory",
     "duration",
     "off_cpu_threshold",
     "off_cpu_min_duration",
@@ -241,8 +242,8 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
             .string("otlp_listen_bearer_token_file", export::token_file)?,
         otlp_listen_memory_bytes: reader.integer(
             "otlp_listen_memory",
-            validate::receiver_memory,
-            validate::receiver_memory_number,
+            validate::memory_budget,
+            validate::memory_budget_number,
         )?,
         pprof_dir: reader.string("pprof_dir", |s| validate::pprof_dir(PathBuf::from(s)))?,
         pprof_max_files: reader.integer(
@@ -265,6 +266,11 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
             "debug_info_memory",
             validate::memory_size,
             validate::memory_size_number,
+        )?,
+        unwind_table_memory_bytes: reader.integer(
+            "unwind_table_memory",
+            validate::memory_budget,
+            validate::memory_budget_number,
         )?,
         duration: reader.string("duration", validate::run_duration)?,
         off_cpu_threshold: reader.string("off_cpu_threshold", crate::off_cpu::threshold)?,

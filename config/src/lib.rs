@@ -54,6 +54,10 @@ pub const DEFAULT_REPORTER_INTERVAL: Duration = Duration::from_secs(10);
 /// Default memory for the DWARF of profiled binaries (16 MiB): what keeps
 /// the agent within 50 MB; libc's separate DWARF alone needs about 31 MB.
 pub const DEFAULT_DEBUG_INFO_MEMORY: u64 = 16 << 20;
+/// Default kernel memory for unwind tables (128 MiB): this host's running
+/// programs need 20-30 MiB (the host_tables benchmark), a busy server a few
+/// times that.
+pub const DEFAULT_UNWIND_TABLE_MEMORY: u64 = 128 << 20;
 /// Default memory budget of the OTLP receiver.
 pub const DEFAULT_OTLP_LISTEN_MEMORY: u64 = 128 << 20;
 /// Default number of pprof files kept in the directory: a day at 10 s.
@@ -190,6 +194,9 @@ pub struct Config {
     /// Bytes the DWARF of profiled binaries may take in memory, parsed; a
     /// file needing more is symbolized from its symbol tables. 0: no DWARF.
     pub debug_info_memory_bytes: u64,
+    /// Bytes of unwind tables BPF holds at most; over it the least recently
+    /// sampled files' tables leave, and come back when sampled again.
+    pub unwind_table_memory_bytes: u64,
     /// How long to run before flushing and exiting; `None` runs until stopped.
     pub duration: Option<Duration>,
     /// Off-CPU profiling; `None` when off (the default).
@@ -360,6 +367,7 @@ pub(crate) struct Settings {
     pub sampling_frequency_hz: Option<u32>,
     pub reporter_interval: Option<Duration>,
     pub debug_info_memory_bytes: Option<u64>,
+    pub unwind_table_memory_bytes: Option<u64>,
     pub duration: Option<Duration>,
     pub off_cpu_threshold: Option<Probability>,
     pub off_cpu_min_duration: Option<Duration>,
@@ -426,6 +434,9 @@ impl Settings {
             debug_info_memory_bytes: self
                 .debug_info_memory_bytes
                 .or(lower.debug_info_memory_bytes),
+            unwind_table_memory_bytes: self
+                .unwind_table_memory_bytes
+                .or(lower.unwind_table_memory_bytes),
             duration: self.duration.or(lower.duration),
             off_cpu_threshold: self.off_cpu_threshold.or(lower.off_cpu_threshold),
             off_cpu_min_duration: self.off_cpu_min_duration.or(lower.off_cpu_min_duration),
@@ -499,6 +510,9 @@ impl Settings {
             debug_info_memory_bytes: self
                 .debug_info_memory_bytes
                 .unwrap_or(DEFAULT_DEBUG_INFO_MEMORY),
+            unwind_table_memory_bytes: self
+                .unwind_table_memory_bytes
+                .unwrap_or(DEFAULT_UNWIND_TABLE_MEMORY),
             duration: self.duration,
             off_cpu: off_cpu::resolve(self.off_cpu_threshold, self.off_cpu_min_duration),
             wall_clock: self.wall_clock.unwrap_or(false),

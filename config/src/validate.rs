@@ -42,7 +42,7 @@ pub(crate) const EXPECTED_FLAMEGRAPH_HISTORY: &str =
 pub(crate) const EXPECTED_DURATION: &str = "a duration greater than zero, like 30s, 5m or 1h30m";
 pub(crate) const EXPECTED_MEMORY_SIZE: &str =
     "a size in bytes up to 16GiB, like 64MiB, 512KiB or 0 (a plain number is bytes)";
-pub(crate) const EXPECTED_RECEIVER_MEMORY: &str =
+pub(crate) const EXPECTED_MEMORY_BUDGET: &str =
     "a size from 1MiB to 16GiB, like 128MiB or 1GiB (a plain number is bytes)";
 pub(crate) const EXPECTED_FILE_COUNT: &str = "a number of files from 0 (no limit) to 100000000";
 pub(crate) const EXPECTED_RUNTIMES: &str =
@@ -352,21 +352,22 @@ pub(crate) fn memory_size_number(bytes: u64) -> Result<u64, Invalid> {
     Ok(bytes)
 }
 
-/// Parses the receiver's memory budget: a memory size of at least 1 MiB
-/// (below that, not even a small request fits).
-pub(crate) fn receiver_memory(text: &str) -> Result<u64, Invalid> {
+/// Parses a memory budget (the receiver's, the unwind tables'): a memory
+/// size of at least 1 MiB (below that, not even a small request or a large
+/// library's table fits).
+pub(crate) fn memory_budget(text: &str) -> Result<u64, Invalid> {
     memory_size(text)
         .map_err(|e| Invalid {
-            expected: EXPECTED_RECEIVER_MEMORY,
+            expected: EXPECTED_MEMORY_BUDGET,
             detail: e.detail,
         })
-        .and_then(receiver_memory_number)
+        .and_then(memory_budget_number)
 }
 
 /// Checks the receiver's memory budget given as a number of bytes.
-pub(crate) fn receiver_memory_number(bytes: u64) -> Result<u64, Invalid> {
+pub(crate) fn memory_budget_number(bytes: u64) -> Result<u64, Invalid> {
     if !(1 << 20..=MAX_DEBUG_INFO_MEMORY).contains(&bytes) {
-        return Err(Invalid::new(EXPECTED_RECEIVER_MEMORY));
+        return Err(Invalid::new(EXPECTED_MEMORY_BUDGET));
     }
     Ok(bytes)
 }

@@ -100,11 +100,17 @@ impl DecodedSample {
     /// Timestamps not before `from` (Unix epoch ns) as a sample of their own
     /// (count = how many); None when there are none.
     pub fn since(&self, from: u64) -> Option<DecodedSample> {
+        self.between(from, u64::MAX)
+    }
+
+    /// Timestamps in `from..until` (Unix epoch ns) as a sample of their own
+    /// (count = how many); None when there are none.
+    pub fn between(&self, from: u64, until: u64) -> Option<DecodedSample> {
         let timestamps: Vec<u64> = self
             .timestamps
             .iter()
             .copied()
-            .filter(|&t| t >= from)
+            .filter(|&t| (from..until).contains(&t))
             .collect();
         (!timestamps.is_empty()).then(|| DecodedSample {
             count: timestamps.len() as u64,

@@ -21,7 +21,7 @@ use crate::{
     exec_watch::ExecWatcher,
     host,
     metadata::{docker::DockerNames, kubernetes, pods::SharedPods},
-    native_unwind::{DEFAULT_MAX_TABLE_BYTES, NativeUnwindInfo},
+    native_unwind::NativeUnwindInfo,
     off_cpu_join::{OffCpuJoin, PendingWait, WaitEnd},
     processes::ProcessTable,
     record::RawSample,
@@ -126,7 +126,7 @@ impl CpuProfiler {
             NativeUnwindInfo::new(
                 maps,
                 NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
-                DEFAULT_MAX_TABLE_BYTES,
+                options.unwind_table_memory,
             )
             .map_err(|e| warn!("DWARF unwinding off, cannot start its thread: {e}"))
             .ok()
@@ -228,6 +228,9 @@ impl CpuProfiler {
         lifecycle(processes, native, runtimes, symbolizer, &mut described);
         let mut malformed = 0u64;
         let mut excluded = 0u64;
+        // When this drain's samples were last taken, near enough for the
+        // unwind-table budget's recency (drains are at most 500 ms apart).
+        let drained_at = std::time::Instant::now();
         let n = sampler.drain(|bytes| match RawSample::decode(bytes) {
             Ok(sample) if sample.header.flags & flags::OFF_CPU_END != 0 => {
                 let end = WaitEnd {
@@ -275,6 +278,9 @@ impl CpuProfiler {
                     let code = runtimes.attach(pid, &process.mappings);
                     native.describe_process(pid, &process.mappings, &code);
                     described.push(pid);
+                }
+                if let Some(native) = native.as_mut() {
+                    native.note_sample(pid, sample.native_frames(), drained_at);
                 }
                 if sample.has_runtime_words() && runtimes.has_process(pid) {
                     let words: Vec<u64> = sample.user_words().collect();

@@ -23,6 +23,9 @@ pub struct ProfilerOptions {
     pub max_samples_per_interval: usize,
     /// The symbolizer's bounds (debug information memory among them).
     pub symbolizer: SymbolizerLimits,
+    /// Bytes of unwind tables BPF holds at most (the least recently sampled
+    /// files' tables leave first).
+    pub unwind_table_memory: usize,
     /// How long the start waits for the unwind tables of the processes
     /// already running (their first samples are then unwound whole).
     pub startup_tables_wait: Duration,
@@ -50,6 +53,7 @@ impl ProfilerOptions {
             max_processes: NonZeroUsize::new(16_384).unwrap_or(NonZeroUsize::MIN),
             max_samples_per_interval: 2_000_000,
             symbolizer: SymbolizerLimits::default(),
+            unwind_table_memory: crate::native_unwind::DEFAULT_MAX_TABLE_BYTES,
             startup_tables_wait: Duration::from_secs(10),
             labeler: None,
             kubernetes: None,

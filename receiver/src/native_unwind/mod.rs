@@ -6,7 +6,9 @@
 //! BPF holds only tables that live processes reference, so its maps return to
 //! their baseline when processes exit; built rows stay in a bounded user-space
 //! cache so a file mapped again (a command run in a loop) is reinstalled
-//! without rebuilding.
+//! without rebuilding. The tables' memory is bounded ([`budget`]): on a host
+//! mapping more than it holds, the least recently sampled files' tables leave
+//! and come back when sampled again.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -24,9 +26,16 @@ use icecore_unwinders::{
 use lru::LruCache;
 use tracing::{debug, warn};
 
+mod budget;
+mod overlay;
+
+use budget::{Sampled, TableBudget};
+
+pub use overlay::overlay_runtime_code;
+
 use crate::{
     process_maps::{MappedFile, ProcessMappings},
-    runtimes::{ProcessRuntimes, RuntimeCode, services::mapped_file_paths},
+    runtimes::{ProcessRuntimes, services::mapped_file_paths},
     unwind_maps::UnwindMaps,
     unwind_table::{BuiltTable, build_table, vdso_table},
 };
@@ -87,17 +96,46 @@ pub struct NativeUnwindStats {
     pub mappings_left_out: u64,
     /// Failed BPF map updates.
     pub map_update_failures: u64,
-    /// Tables not installed because BPF's table budget was spent (their
-    /// frames use frame pointers).
+    /// Tables not installed because BPF's table budget was spent and no
+    /// table could leave for them (their frames use frame pointers).
     pub tables_over_budget: u64,
+    /// Tables taken out of BPF to make room (least recently sampled first).
+    pub tables_evicted: u64,
+    /// Tables put back into BPF after a sample went through their file.
+    pub tables_readmitted: u64,
+    /// The budget of table bytes in BPF (`--unwind-table-memory`).
+    pub table_budget_bytes: usize,
+}
+
+/// A described process's file mapping that has a built table (in BPF or
+/// left out): which file a sampled address is in.
+#[derive(Debug, Clone, Copy)]
+struct FileRange {
+    start: u64,
+    end: u64,
+    file_id: u64,
 }
 
 /// The native unwinder's user-space half.
 pub struct NativeUnwindInfo {
     maps: UnwindMaps,
     files: LruCache<FileKey, FileState>,
-    /// Which installed table each key uses, and which processes reference it.
+    /// The processes referencing each file that has a table (in BPF or
+    /// left out by the budget)...
     users: HashMap<FileKey, HashSet<u32>>,
+    /// ...and that table's file id.
+    table_of: HashMap<FileKey, u64>,
+    /// Where each described process maps files with a table, sorted.
+    file_ranges: HashMap<u32, Vec<FileRange>>,
+    /// Which tables BPF holds within `--unwind-table-memory`.
+    budget: TableBudget,
+    /// Tables the budget chose to take out: removed once no process's
+    /// mapping table points at them any more.
+    leaving: Vec<u64>,
+    /// Files left out that a sample went through since the last poll.
+    sampled_outside: HashSet<u64>,
+    /// Files let back in whose table is not installed yet.
+    returning: HashSet<u64>,
     /// Installed tables no process uses, since when: removed after
     /// [`TABLE_LINGER`], or used again (a program run over and over, as a
     /// build or a cron job does, keeps its table).
@@ -117,7 +155,6 @@ pub struct NativeUnwindInfo {
     stats: NativeUnwindStats,
     /// Builds queued whose result has not been polled yet.
     builds_pending: usize,
-    max_table_bytes: usize,
     /// The vDSO's table, with the vDSO's size: a `[vdso]` mapping of another
     /// size (a 32-bit process's) is a different image.
     vdso: Option<Arc<BuiltTable>>,
@@ -137,6 +174,11 @@ fn table_pending(mapping: &MappedFile) -> MappingEntry {
 /// Bytes of unwind-table rows kept in BPF maps at most, by default: a busy
 /// host's executables need a few tens of MiB (see the host_tables benchmark).
 pub const DEFAULT_MAX_TABLE_BYTES: usize = 128 << 20;
+
+/// Rounds of [`NativeUnwindInfo::poll_builds`]'s budget work: letting a
+/// table back in may choose others to leave, whose users are described
+/// again in the next round (what is left waits for the next poll).
+const BUDGET_ROUNDS: usize = 4;
 
 /// How long a table no process uses stays in BPF: inserting and removing
 /// a table each wait for an RCU grace period, and a program that runs again
@@ -187,6 +229,12 @@ impl NativeUnwindInfo {
             maps,
             files: LruCache::new(max_cached_files),
             users: HashMap::new(),
+            table_of: HashMap::new(),
+            file_ranges: HashMap::new(),
+            budget: TableBudget::new(max_table_bytes),
+            leaving: Vec::new(),
+            sampled_outside: HashSet::new(),
+            returning: HashSet::new(),
             idle: HashMap::new(),
             process_files: HashMap::new(),
             installing: HashMap::new(),
@@ -196,7 +244,6 @@ impl NativeUnwindInfo {
             built,
             stats: NativeUnwindStats::default(),
             builds_pending: 0,
-            max_table_bytes,
             vdso: vdso_table().map(Arc::new),
         })
     }
@@ -221,6 +268,7 @@ impl NativeUnwindInfo {
         };
         let mut entries = Vec::new();
         let mut referenced = Vec::new();
+        let mut ranges = Vec::new();
         for mapping in mappings.mappings().iter().filter(|m| m.executable) {
             let (key, built) = if mapping.is_vdso() {
                 let Some(vdso) = self.vdso_for(mapping) else {
@@ -255,6 +303,11 @@ impl NativeUnwindInfo {
             if key == FileKey::VDSO {
                 referenced.push(key);
             }
+            ranges.push(FileRange {
+                start: mapping.start,
+                end: mapping.end,
+                file_id: built.file_id,
+            });
             let Some((slot, live)) = self.use_table(pid, key, &built) else {
                 continue;
             };
@@ -286,6 +339,8 @@ impl NativeUnwindInfo {
             self.stats.map_update_failures += 1;
             warn!(pid, "cannot describe process to BPF: {e}");
         }
+        // Mappings come sorted by start, so the ranges are too.
+        self.file_ranges.insert(pid, ranges);
         referenced.sort_unstable_by_key(|k| (k.dev, k.inode));
         referenced.dedup();
         if let Some(old) = self.process_files.insert(pid, referenced.clone()) {
@@ -314,27 +369,62 @@ impl NativeUnwindInfo {
         }
     }
 
-    /// Records that `pid` uses a file's table, installing it if needed, and
-    /// returns its slot and whether BPF sees it yet; `None` when the table
-    /// is not in BPF (over budget, or failed).
+    /// Records that `pid` uses a file's table, installing it if needed
+    /// (making room in the budget), and returns its slot and whether BPF
+    /// sees it yet; `None` when the table is not in BPF (left out by the
+    /// budget, or failed).
     fn use_table(&mut self, pid: u32, key: FileKey, built: &BuiltTable) -> Option<(u32, bool)> {
-        if !self.maps.has_table(built.file_id) {
-            let bytes = UnwindMaps::table_bytes(built.rows.len());
-            if self.maps.installed_bytes() + bytes > self.max_table_bytes {
-                self.stats.tables_over_budget += 1;
-                return None;
-            }
+        let file_id = built.file_id;
+        self.idle.remove(&file_id);
+        self.users.entry(key).or_default().insert(pid);
+        self.table_of.insert(key, file_id);
+        // Out for the budget's sake (perhaps still in BPF on its way out):
+        // frame pointers until a sample through it asks it back.
+        if self.budget.is_outside(file_id) {
+            return None;
         }
-        self.idle.remove(&built.file_id);
+        let now = Instant::now();
+        let new = !self.maps.has_table(file_id);
+        let bytes = UnwindMaps::table_bytes(built.rows.len());
+        if new {
+            let Some(leaving) = self.budget.make_room(bytes, now) else {
+                debug!(
+                    file_id,
+                    bytes,
+                    used = self.budget.used(),
+                    limit = self.budget.limit(),
+                    installed = self.maps.installed_bytes(),
+                    "unwind table left out: its budget is spent by recently sampled tables"
+                );
+                self.stats.tables_over_budget += 1;
+                self.budget.leave_out(file_id);
+                self.returning.remove(&file_id);
+                return None;
+            };
+            if !leaving.is_empty() {
+                debug!(file_id, ?leaving, "unwind tables leave for another");
+            }
+            self.stats.tables_evicted += leaving.len() as u64;
+            self.leaving.extend(leaving);
+        }
         match self
             .maps
-            .install_rows(built.file_id, built.rows.len(), built.rows.iter())
+            .install_rows(file_id, built.rows.len(), built.rows.iter())
         {
             Ok(slot) => {
-                self.users.entry(key).or_default().insert(pid);
-                let live = self.maps.is_live(built.file_id);
+                if new {
+                    self.budget.admit(file_id, bytes, now);
+                    if self.returning.remove(&file_id) {
+                        // Back because a sample went through it: as
+                        // recently sampled as that, not a never-sampled
+                        // newcomer the next one would push out.
+                        self.budget.sampled(file_id, now);
+                        self.stats.tables_readmitted += 1;
+                    }
+                }
+                let live = self.maps.is_live(file_id);
                 if !live {
-                    let waiting = self.installing.entry(built.file_id).or_default();
+                    let waiting = self.installing.entry(file_id).or_default();
                     if !waiting.contains(&key) {
                         waiting.push(key);
                     }
@@ -356,14 +446,7 @@ impl NativeUnwindInfo {
         users.remove(&pid);
         if users.is_empty() {
             self.users.remove(&key);
-            let file_id = if key == FileKey::VDSO {
-                self.vdso.as_ref().map(|v| v.file_id)
-            } else if let Some(FileState::Ready(built)) = self.files.peek(&key) {
-                Some(built.file_id)
-            } else {
-                None
-            };
-            if let Some(file_id) = file_id {
+            if let Some(file_id) = self.table_of.remove(&key) {
                 self.idle.insert(file_id, Instant::now());
             }
         }
@@ -383,6 +466,7 @@ impl NativeUnwindInfo {
         for file_id in expired {
             self.idle.remove(&file_id);
             self.maps.remove_table(file_id);
+            self.budget.forget(file_id);
         }
     }
 
@@ -433,6 +517,7 @@ impl NativeUnwindInfo {
                 continue;
             };
             if !done.live {
+                debug!(file_id = done.file_id, "unwind table slot set failed");
                 self.stats.map_update_failures += 1;
             }
             for key in keys {
@@ -449,24 +534,111 @@ impl NativeUnwindInfo {
                 ready.push(key);
             }
         }
-        if ready.is_empty() {
+        let mut described = Vec::new();
+        if !ready.is_empty() {
+            let waiting: Vec<u32> = self
+                .process_files
+                .iter()
+                .filter(|(_, files)| files.iter().any(|f| ready.contains(f)))
+                .map(|(pid, _)| *pid)
+                .collect();
+            for pid in waiting {
+                if let Some(mappings) = mappings_of(pid) {
+                    let runtimes = self.runtimes.get(&pid).cloned().unwrap_or_default();
+                    self.describe_process(pid, mappings, &runtimes);
+                    described.push(pid);
+                }
+            }
+        }
+        self.settle_budget(&mut mappings_of, &mut described);
+        described
+    }
+
+    /// Notes which files a sample's native frames are in: the budget keeps
+    /// the most recently sampled tables, and a file whose table was left
+    /// out comes back at the next poll.
+    pub fn note_sample(&mut self, pid: u32, frames: impl Iterator<Item = u64>, now: Instant) {
+        let Some(ranges) = self.file_ranges.get(&pid) else {
+            return;
+        };
+        let mut last = None;
+        for address in frames {
+            let index = ranges.partition_point(|r| r.start <= address);
+            let Some(range) = index.checked_sub(1).and_then(|i| ranges.get(i)) else {
+                continue;
+            };
+            // Consecutive frames are mostly in one file.
+            if address >= range.end || last == Some(range.file_id) {
+                continue;
+            }
+            last = Some(range.file_id);
+            if self.budget.sampled(range.file_id, now) == Sampled::Outside {
+                self.sampled_outside.insert(range.file_id);
+            }
+        }
+    }
+
+    /// Takes the tables the budget chose to leave out of BPF, after
+    /// describing their processes without them (a slot is reused only once
+    /// no mapping table points at it), then lets the files sampled while
+    /// out back in.
+    fn settle_budget<'a>(
+        &mut self,
+        mappings_of: &mut impl FnMut(u32) -> Option<&'a ProcessMappings>,
+        described: &mut Vec<u32>,
+    ) {
+        for _ in 0..BUDGET_ROUNDS {
+            let leaving = std::mem::take(&mut self.leaving);
+            let back: Vec<u64> = self.sampled_outside.drain().collect();
+            if leaving.is_empty() && back.is_empty() {
+                return;
+            }
+            for pid in self.processes_mapping(&leaving) {
+                self.describe_again(pid, mappings_of, described);
+            }
+            for &file_id in &leaving {
+                self.maps.remove_table(file_id);
+            }
+            for &file_id in &back {
+                debug!(file_id, "unwind table sampled while out");
+                if self.budget.readmit(file_id) {
+                    self.returning.insert(file_id);
+                }
+            }
+            for pid in self.processes_mapping(&back) {
+                self.describe_again(pid, mappings_of, described);
+            }
+        }
+    }
+
+    /// The described processes that map any of `files`.
+    fn processes_mapping(&self, files: &[u64]) -> Vec<u32> {
+        if files.is_empty() {
             return Vec::new();
         }
-        let waiting: Vec<u32> = self
-            .process_files
+        self.file_ranges
             .iter()
-            .filter(|(_, files)| files.iter().any(|f| ready.contains(f)))
-            .map(|(pid, _)| *pid)
-            .collect();
-        let mut described = Vec::new();
-        for pid in waiting {
-            if let Some(mappings) = mappings_of(pid) {
+            .filter(|(_, ranges)| ranges.iter().any(|r| files.contains(&r.file_id)))
+            .map(|(&pid, _)| pid)
+            .collect()
+    }
+
+    /// Describes `pid` again with its current mappings, or forgets it
+    /// when it has none any more.
+    fn describe_again<'a>(
+        &mut self,
+        pid: u32,
+        mappings_of: &mut impl FnMut(u32) -> Option<&'a ProcessMappings>,
+        described: &mut Vec<u32>,
+    ) {
+        match mappings_of(pid) {
+            Some(mappings) => {
                 let runtimes = self.runtimes.get(&pid).cloned().unwrap_or_default();
                 self.describe_process(pid, mappings, &runtimes);
                 described.push(pid);
             }
+            None => self.forget_process(pid),
         }
-        described
     }
 
     /// Whether BPF holds a mapping table for `pid`.
@@ -478,6 +650,7 @@ impl NativeUnwindInfo {
     pub fn forget_process(&mut self, pid: u32) {
         self.maps.remove_process(pid);
         self.runtimes.remove(&pid);
+        self.file_ranges.remove(&pid);
         if let Some(files) = self.process_files.remove(&pid) {
             for key in files {
                 self.release_table(pid, key);
@@ -497,159 +670,8 @@ impl NativeUnwindInfo {
             table_bytes_installed: self.maps.installed_bytes(),
             processes_described: self.process_files.len(),
             inner_map_bytes: self.maps.inner_map_bytes(),
+            table_budget_bytes: self.budget.limit(),
             ..self.stats
         }
-    }
-}
-
-/// `entries` (a process's file mappings, sorted, disjoint) with the
-/// runtimes' code laid over them: an entry overlapping runtime code is split
-/// so that the code's part names the runtime's program; runtime code no
-/// file entry covers (JIT code, or a file whose table is not built yet)
-/// gets an entry without a table, so that dispatch never depends on it.
-pub fn overlay_runtime_code(
-    entries: Vec<MappingEntry>,
-    code: &[(RuntimeCode, u8)],
-) -> Vec<MappingEntry> {
-    let mut out = entries;
-    for &(code, program) in code {
-        if code.start >= code.end {
-            continue;
-        }
-        let mut next = Vec::with_capacity(out.len() + 2);
-        let mut covered = Vec::new();
-        for entry in out {
-            if entry.end <= code.start || entry.start >= code.end {
-                next.push(entry);
-                continue;
-            }
-            if entry.start < code.start {
-                next.push(MappingEntry {
-                    end: code.start,
-                    ..entry
-                });
-            }
-            let start = entry.start.max(code.start);
-            let end = entry.end.min(code.end);
-            next.push(MappingEntry {
-                start,
-                end,
-                program,
-                dispatch: code.dispatch as u8,
-                ..entry
-            });
-            covered.push((start, end));
-            if entry.end > code.end {
-                next.push(MappingEntry {
-                    start: code.end,
-                    ..entry
-                });
-            }
-        }
-        let gap = |start, end| MappingEntry {
-            start,
-            end,
-            program,
-            dispatch: code.dispatch as u8,
-            ..MappingEntry::default()
-        };
-        let mut at = code.start;
-        covered.sort_unstable();
-        for (start, end) in covered {
-            if start > at {
-                next.push(gap(at, start));
-            }
-            at = at.max(end);
-        }
-        if at < code.end {
-            next.push(gap(at, code.end));
-        }
-        next.sort_unstable_by_key(|e| e.start);
-        out = next;
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use icecore_unwinders::Dispatch;
-
-    use super::*;
-
-    fn file(start: u64, end: u64, file_id: u64) -> MappingEntry {
-        MappingEntry {
-            start,
-            end,
-            bias: start - 0x1000,
-            file_id,
-            table_rows: 10,
-            table_slot: file_id as u32,
-            ..MappingEntry::default()
-        }
-    }
-
-    fn code(start: u64, end: u64, dispatch: Dispatch) -> (RuntimeCode, u8) {
-        (
-            RuntimeCode {
-                start,
-                end,
-                dispatch,
-            },
-            2,
-        )
-    }
-
-    fn shape(entries: &[MappingEntry]) -> Vec<(u64, u64, u64, u8, u8)> {
-        entries
-            .iter()
-            .map(|e| (e.start, e.end, e.file_id, e.program, e.dispatch))
-            .collect()
-    }
-
-    #[test]
-    fn runtime_code_splits_its_file_entry_and_keeps_the_table() {
-        let entries = vec![file(0x1000, 0x9000, 1), file(0xa000, 0xb000, 2)];
-        let out = overlay_runtime_code(entries, &[code(0x3000, 0x4000, Dispatch::Deferred)]);
-        assert_eq!(
-            shape(&out),
-            [
-                (0x1000, 0x3000, 1, 0, 0),
-                (0x3000, 0x4000, 1, 2, 2),
-                (0x4000, 0x9000, 1, 0, 0),
-                (0xa000, 0xb000, 2, 0, 0),
-            ]
-        );
-        assert!(
-            out.iter()
-                .take(3)
-                .all(|e| e.bias == 0 && e.table_rows == 10)
-        );
-    }
-
-    #[test]
-    fn uncovered_runtime_code_gets_a_table_less_entry() {
-        // JIT code between two files, and code straddling a file's end.
-        let entries = vec![file(0x1000, 0x2000, 1), file(0x8000, 0x9000, 2)];
-        let out = overlay_runtime_code(
-            entries,
-            &[
-                code(0x4000, 0x6000, Dispatch::Handover),
-                code(0x1800, 0x2800, Dispatch::Deferred),
-            ],
-        );
-        assert_eq!(
-            shape(&out),
-            [
-                (0x1000, 0x1800, 1, 0, 0),
-                (0x1800, 0x2000, 1, 2, 2),
-                (0x2000, 0x2800, 0, 2, 2),
-                (0x4000, 0x6000, 0, 2, 1),
-                (0x8000, 0x9000, 2, 0, 0),
-            ]
-        );
-        assert_eq!(out[2].table_rows, 0);
-        let sorted = out.windows(2).all(|w| w[0].end <= w[1].start);
-        assert!(sorted, "entries stay sorted and disjoint");
-        assert_eq!(overlay_runtime_code(Vec::new(), &[]), Vec::new());
     }
 }
