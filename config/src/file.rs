@@ -16,7 +16,7 @@ mod lists;
 mod scrape;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 48] = [
+pub const KEYS: [&str; 49] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -50,6 +50,7 @@ pub const KEYS: [&str; 48] = [
     "pprof_dir",
     "pprof_max_files",
     "pprof_max_bytes",
+    "export_queue_bytes",
     "sampling_frequency",
     "reporter_interval",
     "debug_info_memory",
@@ -252,6 +253,11 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         )?,
         pprof_max_bytes: reader.integer(
             "pprof_max_bytes",
+            validate::memory_size,
+            validate::memory_size_number,
+        )?,
+        export_queue_bytes: reader.integer(
+            "export_queue_bytes",
             validate::memory_size,
             validate::memory_size_number,
         )?,
