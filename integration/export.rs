@@ -4,7 +4,7 @@
 //! End-to-end tests of the exporters: the real `icecore` binary profiles a
 //! fixture while its OTLP endpoint misbehaves, and what arrives is decoded
 //! by the in-test receiver and compared with the pprof files written in the
-//! same run (a sink the outage does not touch).
+//! same run. Outages of the endpoints are `outage.rs`'s.
 //!
 //! Needs root (it loads BPF programs); without root it prints why it is
 //! skipped and passes.
@@ -21,99 +21,7 @@ use support::python_otlp::PythonReceiver;
 use support::receiver::OtlpReceiver;
 use support::run::{EXIT_GRACE, Target, base_args_at, duration_args, s};
 use support::summary::{inclusive, pct, total};
-use support::{HZ, Icecore, otlp, pprof, require_root, serial};
-
-/// The endpoint is down for the first seconds of the run; every sample the
-/// pprof sink got still arrives over OTLP, with the configured headers.
-#[test]
-fn samples_survive_an_endpoint_outage() {
-    const TEST: &str = "samples_survive_an_endpoint_outage";
-    if !require_root(TEST) {
-        return;
-    }
-    let _serial = serial();
-    const RUN: Duration = Duration::from_secs(10);
-    const OUTAGE: Duration = Duration::from_secs(5);
-
-    // An address nothing listens on yet.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let target = Target::start(Mode::Cycle);
-    let pprof_dir = target.make_subdir("pprof");
-    let token_file = target.dir().join("token");
-    std::fs::write(&token_file, "s3cret-token\n").unwrap();
-    let mut args = base_args_at(target.pid(), HZ);
-    args.extend([
-        s("--otlp-endpoint"),
-        format!("http://{addr}"),
-        s("--otlp-header"),
-        s("X-Scope-OrgID=team-a"),
-        s("--otlp-bearer-token-file"),
-        s(token_file.display()),
-        s("--pprof-dir"),
-        s(pprof_dir.display()),
-    ]);
-    args.extend(duration_args(RUN));
-    let mut icecore = Icecore::spawn(&args, target.dir());
-    // The outage counts from the first sample, as `--duration` does: loading
-    // the BPF programs takes seconds on a busy 2-CPU host, and batches made
-    // during the outage are what this test is about.
-    icecore.wait_for_log("sampling started", Duration::from_secs(60));
-    let started = Instant::now();
-    std::thread::sleep(OUTAGE);
-    let up_unix_nanos = support::now_unix_nanos();
-    let receiver = OtlpReceiver::start_on(addr);
-    let down_for = started.elapsed();
-    icecore.wait_success(RUN + EXIT_GRACE);
-
-    let written = pprof::read_valid(&pprof_dir, HZ);
-    let received = otlp::receive_valid(receiver.requests(), HZ);
-    let (t_otlp, t_pprof) = (total(&received.samples), total(&written.samples));
-    let stderr = icecore.stderr();
-    println!(
-        "endpoint down for {down_for:?}: OTLP {t_otlp} samples in {} requests, pprof {t_pprof} in {} files",
-        received.requests.len(),
-        written.profiles.len()
-    );
-    // Batches whose window closed while the endpoint was down waited in
-    // the queue and arrived later.
-    let queued = received
-        .requests
-        .iter()
-        .filter(|r| {
-            let profile = &r.request.resource_profiles[0].scope_profiles[0].profiles[0];
-            profile.time_unix_nano + profile.duration_nano < up_unix_nanos
-        })
-        .count();
-    assert!(
-        queued >= 2,
-        "only {queued} batches were made during the outage"
-    );
-    assert!(
-        stderr.contains("retrying"),
-        "no retry was logged:\n{stderr}"
-    );
-    assert_eq!(t_otlp, t_pprof, "samples lost over OTLP");
-    assert_eq!(received.requests.len(), written.profiles.len());
-    assert!(t_otlp > 0);
-    for request in &received.requests {
-        let header = |name: &str| {
-            request
-                .headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        };
-        assert_eq!(header("x-scope-orgid"), Some("team-a"));
-        assert_eq!(header("authorization"), Some("Bearer s3cret-token"));
-    }
-    assert!(
-        !stderr.contains("s3cret-token"),
-        "the token leaked into the logs"
-    );
-}
+use support::{HZ, Icecore, pprof, require_root, serial};
 
 /// The official Python bindings (PyPI `opentelemetry-proto`) receive the
 /// export over gRPC and decode the same samples the pprof sink wrote.

@@ -31,6 +31,7 @@ mod lifecycle;
 mod metadata;
 mod native;
 mod off_cpu;
+mod outage;
 mod perl;
 mod php;
 mod profiles;

@@ -14,7 +14,7 @@
 
 use crate::support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::fixture::{FIXTURE_FUNCTIONS, Mode};
 use support::pprof::all_samples;
@@ -24,7 +24,7 @@ use support::summary::{DecodedSample, count_where, total};
 use support::{HZ, Icecore, pprof, require_root, serial};
 
 /// Every sample of every series of `pushes`, with the series' pid label.
-fn pushed_samples(pushes: &[Push]) -> Vec<DecodedSample> {
+pub(crate) fn pushed_samples(pushes: &[Push]) -> Vec<DecodedSample> {
     pushes
         .iter()
         .flat_map(|p| &p.series)
@@ -111,60 +111,5 @@ fn pyroscope_receives_labelled_series_with_credentials_and_tenant() {
     assert!(
         !icecore.logs().contains("s3cret"),
         "{TEST}: the password leaked into the logs"
-    );
-}
-
-#[test]
-fn samples_survive_a_pyroscope_outage() {
-    const TEST: &str = "samples_survive_a_pyroscope_outage";
-    if !require_root(TEST) {
-        return;
-    }
-    let _serial = serial();
-    const RUN: Duration = Duration::from_secs(16);
-    const OUTAGE: Duration = Duration::from_secs(10);
-    // An address nothing listens on yet.
-    let address = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let target = Target::start(Mode::Cycle);
-    let pprof_dir = target.make_subdir("pprof");
-    let mut args = base_args_at(target.pid(), HZ);
-    args.extend([
-        s("--pyroscope-endpoint"),
-        format!("http://{address}"),
-        s("--pprof-dir"),
-        s(pprof_dir.display()),
-    ]);
-    args.extend(duration_args(RUN));
-    let mut icecore = Icecore::spawn(&args, target.dir());
-    icecore.wait_for_log("sampling started", Duration::from_secs(60));
-    let started = Instant::now();
-    std::thread::sleep(OUTAGE);
-    let server = PyroscopeServer::start_on(address);
-    let down_for = started.elapsed();
-    icecore.wait_success(RUN + EXIT_GRACE);
-
-    let pushes = server.pushes();
-    let written = pprof::read_valid(&pprof_dir, HZ);
-    let (pushed, files) = (total(&pushed_samples(&pushes)), total(&written.samples));
-    let metrics = icecore.logs();
-    println!(
-        "{TEST}: endpoint down for {down_for:?}: Pyroscope {pushed} samples in {} pushes, \
-         pprof {files} in {} files",
-        pushes.len(),
-        written.profiles.len()
-    );
-    assert!(
-        metrics.contains("retrying"),
-        "{TEST}: no retry was logged:\n{metrics}"
-    );
-    assert!(pushed > 0, "{TEST}: nothing arrived");
-    assert_eq!(pushed, files, "{TEST}: samples lost over the outage");
-    assert_eq!(
-        pushes.len(),
-        written.profiles.len(),
-        "{TEST}: pushes and files"
     );
 }

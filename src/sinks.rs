@@ -217,15 +217,21 @@ impl Sinks {
     /// Creates the sinks named in the settings.
     pub fn from_config(config: &Config) -> anyhow::Result<Self> {
         let exporters = Exporters::build(config)?;
-        let otlp = exporters.otlp.map(|exporter| {
-            OtlpPipeline::start(exporter, RetryPolicy::default(), QueueLimits::default())
-        });
-        let parca = exporters.parca.map(|exporter| {
-            ExportPipeline::start(exporter, RetryPolicy::default(), QueueLimits::default())
-        });
-        let pyroscope = exporters.pyroscope.map(|exporter| {
-            ExportPipeline::start(exporter, RetryPolicy::default(), QueueLimits::default())
-        });
+        // Each sink has a queue of its own: one endpoint down does not take
+        // room from the others.
+        let limits = QueueLimits {
+            max_bytes: usize::try_from(config.export_queue_bytes).unwrap_or(usize::MAX),
+            ..QueueLimits::default()
+        };
+        let otlp = exporters
+            .otlp
+            .map(|exporter| OtlpPipeline::start(exporter, RetryPolicy::default(), limits));
+        let parca = exporters
+            .parca
+            .map(|exporter| ExportPipeline::start(exporter, RetryPolicy::default(), limits));
+        let pyroscope = exporters
+            .pyroscope
+            .map(|exporter| ExportPipeline::start(exporter, RetryPolicy::default(), limits));
         let pprof = match &config.pprof_dir {
             Some(dir) => Some(Arc::new(
                 PprofDirWriter::new(

@@ -155,8 +155,33 @@ fn batch() -> ProfileBatch {
     }
 }
 
+/// Prints the bytes one batch takes in each push sink's export queue (the
+/// encoded request before compression, as the queue holds it), from which
+/// the README sizes the default queue bound: the batch has more samples
+/// (20,000) than a 10 s batch of a 64-CPU host at the default 19 Hz
+/// (12,160), so per-minute figures taken from it err on the large side.
+fn queue_bytes(batch: &ProfileBatch) {
+    use icecore_otlp::export::RequestSender;
+    use icecore_otlp::{ParcaExporter, ParcaOptions, PyroscopeExporter, PyroscopeOptions};
+    let otlp = encode_request(batch, "0.1.0").encode_to_vec().len();
+    let parca = ParcaExporter::new(&ParcaOptions::new("http://127.0.0.1:7070"))
+        .map(|e| e.encode_batch(batch).len());
+    let pyroscope = PyroscopeExporter::new(&PyroscopeOptions::new("http://127.0.0.1:4040"))
+        .map(|e| e.encode_batch(batch).len());
+    match (parca, pyroscope) {
+        (Ok(parca), Ok(pyroscope)) => println!(
+            "queue bytes of one batch ({} samples): OTLP {otlp}, Parca {parca}, Pyroscope {pyroscope}",
+            batch.sample_count()
+        ),
+        (parca, pyroscope) => {
+            println!("queue bytes: cannot build the exporters: {parca:?} {pyroscope:?}")
+        }
+    }
+}
+
 fn encode(c: &mut Criterion) {
     let batch = batch();
+    queue_bytes(&batch);
     let mut group = c.benchmark_group("encode");
     group.throughput(Throughput::Elements(batch.sample_count()));
     group.bench_function("otlp_request", |b| {

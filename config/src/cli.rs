@@ -139,6 +139,10 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pprof_max_bytes: Option<String>,
 
+    /// Most encoded bytes each push sink (OTLP, Parca, Pyroscope) queues while its endpoint is down or slow, like 256MiB; beyond it the oldest requests are dropped and counted [default: 320MiB, ten minutes of a busy host]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    export_queue_bytes: Option<String>,
+
     /// Samples per second on each CPU, an integer from 1 to 10000 [default: 19]
     #[arg(long, value_name = "HZ", allow_negative_numbers = true)]
     sampling_frequency: Option<String>,
@@ -385,6 +389,11 @@ impl Cli {
             self.pprof_max_bytes.as_deref(),
             validate::memory_size,
         )?;
+        let export_queue_bytes = check(
+            "export-queue-bytes",
+            self.export_queue_bytes.as_deref(),
+            validate::memory_size,
+        )?;
         let pprof_dir = match &self.pprof_dir {
             Some(dir) => Some(
                 validate::pprof_dir(PathBuf::from(dir))
@@ -512,6 +521,7 @@ impl Cli {
             pprof_dir,
             pprof_max_files,
             pprof_max_bytes,
+            export_queue_bytes,
             sampling_frequency_hz,
             reporter_interval,
             debug_info_memory_bytes,

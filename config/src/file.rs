@@ -50,6 +50,7 @@ pub const KEYS: [&str; 49] = [
     "pprof_dir",
     "pprof_max_files",
     "pprof_max_bytes",
+    "export_queue_bytes",
     "sampling_frequency",
     "reporter_interval",
     "debug_info_memory",
@@ -253,6 +254,11 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         )?,
         pprof_max_bytes: reader.integer(
             "pprof_max_bytes",
+            validate::memory_size,
+            validate::memory_size_number,
+        )?,
+        export_queue_bytes: reader.integer(
+            "export_queue_bytes",
             validate::memory_size,
             validate::memory_size_number,
         )?,

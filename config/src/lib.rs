@@ -64,6 +64,12 @@ pub const DEFAULT_OTLP_LISTEN_MEMORY: u64 = 128 << 20;
 pub const DEFAULT_PPROF_MAX_FILES: u64 = 8640;
 /// Default bytes of pprof files kept in the directory.
 pub const DEFAULT_PPROF_MAX_BYTES: u64 = 1 << 30;
+/// Default bound of each push sink's export queue, in encoded bytes: ten
+/// minutes of a busy host's batches at the default frequency and interval
+/// fit. `benches/benches/encode.rs` measures 4.79 MB for the largest
+/// request (Pyroscope's) of a batch with more samples than 10 s of a
+/// 64-CPU host at 19 Hz; 60 of them are 274 MiB (README, "Outages").
+pub const DEFAULT_EXPORT_QUEUE_BYTES: u64 = 320 << 20;
 /// The default address of the HTTP server.
 pub const DEFAULT_HTTP_ADDRESS: SocketAddr =
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 7071);
@@ -185,6 +191,10 @@ pub struct Config {
     pub pprof_max_files: u64,
     /// Most bytes of pprof files kept in `pprof_dir`; 0: no limit.
     pub pprof_max_bytes: u64,
+    /// Most encoded bytes each push sink (OTLP, Parca, Pyroscope) holds
+    /// while its endpoint is down or slow; beyond it the oldest requests
+    /// are dropped and counted.
+    pub export_queue_bytes: u64,
     /// Whether `pprof_dir` is [`DEFAULT_PPROF_DIR`] because no sink was set.
     pub pprof_dir_is_default: bool,
     /// Samples per second on each CPU, from 1 to 10000.
@@ -364,6 +374,7 @@ pub(crate) struct Settings {
     pub pprof_dir: Option<PathBuf>,
     pub pprof_max_files: Option<u64>,
     pub pprof_max_bytes: Option<u64>,
+    pub export_queue_bytes: Option<u64>,
     pub sampling_frequency_hz: Option<u32>,
     pub reporter_interval: Option<Duration>,
     pub debug_info_memory_bytes: Option<u64>,
@@ -429,6 +440,7 @@ impl Settings {
             pprof_dir: self.pprof_dir.or(lower.pprof_dir),
             pprof_max_files: self.pprof_max_files.or(lower.pprof_max_files),
             pprof_max_bytes: self.pprof_max_bytes.or(lower.pprof_max_bytes),
+            export_queue_bytes: self.export_queue_bytes.or(lower.export_queue_bytes),
             sampling_frequency_hz: self.sampling_frequency_hz.or(lower.sampling_frequency_hz),
             reporter_interval: self.reporter_interval.or(lower.reporter_interval),
             debug_info_memory_bytes: self
@@ -503,6 +515,9 @@ impl Settings {
             pprof_dir_is_default,
             pprof_max_files: self.pprof_max_files.unwrap_or(DEFAULT_PPROF_MAX_FILES),
             pprof_max_bytes: self.pprof_max_bytes.unwrap_or(DEFAULT_PPROF_MAX_BYTES),
+            export_queue_bytes: self
+                .export_queue_bytes
+                .unwrap_or(DEFAULT_EXPORT_QUEUE_BYTES),
             sampling_frequency_hz: self
                 .sampling_frequency_hz
                 .unwrap_or(DEFAULT_SAMPLING_FREQUENCY_HZ),

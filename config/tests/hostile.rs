@@ -109,6 +109,7 @@ fn negative_numbers_are_refused_naming_the_flag() {
         ("--otlp-listen-memory", "-1"),
         ("--pprof-max-files", "-3"),
         ("--pprof-max-bytes", "-3"),
+        ("--export-queue-bytes", "-3"),
         ("--flamegraph-history", "-15m"),
         ("--flamegraph-max-bytes", "-1MiB"),
     ] {
@@ -145,4 +146,24 @@ fn receiver_memory_and_pprof_retention() {
     assert_eq!(config.pprof_max_bytes, 1 << 20);
     let message = err(&["--otlp-listen-memory", "4KiB"]);
     assert!(message.contains("from 1MiB"), "{message}");
+}
+
+#[test]
+fn export_queue_bound() {
+    let config = parse(&[]).unwrap();
+    assert_eq!(config.export_queue_bytes, 320 << 20);
+    let config = parse(&["--export-queue-bytes", "8KiB"]).unwrap();
+    assert_eq!(config.export_queue_bytes, 8 << 10);
+    let file = yaml("export_queue_bytes: 64MiB\n");
+    let path = file.path().to_str().unwrap();
+    let config = parse(&["--config", path]).unwrap();
+    assert_eq!(config.export_queue_bytes, 64 << 20);
+    // The flag wins over the file.
+    let config = parse(&["--config", path, "--export-queue-bytes", "1GiB"]).unwrap();
+    assert_eq!(config.export_queue_bytes, 1 << 30);
+    let message = err(&["--export-queue-bytes", "lots"]);
+    assert!(
+        message.starts_with("invalid --export-queue-bytes \"lots\""),
+        "{message}"
+    );
 }

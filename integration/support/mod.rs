@@ -305,7 +305,7 @@ impl Icecore {
 
     /// A numeric field of the final "icecore stopped" log line, such as
     /// `samples` or `emitted_by_bpf`; None before icecore stopped.
-    fn stopped_field(&self, name: &str) -> Option<u64> {
+    pub fn stopped_field(&self, name: &str) -> Option<u64> {
         let stderr = self.stderr();
         let line = stderr
             .lines()

@@ -12,6 +12,8 @@ use icecore_otlp::export::parca::proto::{WriteRawRequest, WriteRawResponse};
 #[derive(Default, Clone)]
 pub struct ParcaStore {
     pub requests: Arc<Mutex<Vec<WriteRawRequest>>>,
+    /// How long each call waits before it is answered (a slow endpoint).
+    pub delay: std::time::Duration,
 }
 
 #[tonic::async_trait]
@@ -20,6 +22,7 @@ impl ProfileStoreService for ParcaStore {
         &self,
         request: tonic::Request<WriteRawRequest>,
     ) -> Result<tonic::Response<WriteRawResponse>, tonic::Status> {
+        tokio::time::sleep(self.delay).await;
         self.requests.lock().unwrap().push(request.into_inner());
         Ok(tonic::Response::new(WriteRawResponse::default()))
     }
@@ -27,8 +30,17 @@ impl ProfileStoreService for ParcaStore {
 
 /// Serves on 127.0.0.1 from a runtime of its own; returns the port.
 pub fn serve(store: ParcaStore, runtime: &tokio::runtime::Runtime) -> u16 {
+    serve_on(store, runtime, "127.0.0.1:0".parse().unwrap())
+}
+
+/// Serves on `address` from a runtime of its own; returns the port.
+pub fn serve_on(
+    store: ParcaStore,
+    runtime: &tokio::runtime::Runtime,
+    address: std::net::SocketAddr,
+) -> u16 {
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(address).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(
             tonic::transport::Server::builder()
@@ -37,4 +49,28 @@ pub fn serve(store: ParcaStore, runtime: &tokio::runtime::Runtime) -> u16 {
         );
         port
     })
+}
+
+/// Every sample of every series of `requests`: each raw profile gunzipped
+/// and decoded by the tests' own pprof decoder.
+pub fn samples(requests: &[WriteRawRequest]) -> Vec<super::summary::DecodedSample> {
+    let mut profiles = Vec::new();
+    for sample in requests
+        .iter()
+        .flat_map(|r| &r.series)
+        .flat_map(|s| &s.samples)
+    {
+        assert_eq!(sample.raw_profile[..2], [0x1f, 0x8b], "gzipped pprof");
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(sample.raw_profile.as_slice()),
+            &mut raw,
+        )
+        .unwrap();
+        profiles.push(super::pprof::decode_bytes(
+            &raw,
+            std::path::Path::new("parca"),
+        ));
+    }
+    super::pprof::all_samples(&profiles)
 }

@@ -64,6 +64,12 @@ pub struct PyroscopeServer {
 impl PyroscopeServer {
     /// Serves on `address` (`127.0.0.1:0` for any port).
     pub fn start_on(address: SocketAddr) -> PyroscopeServer {
+        PyroscopeServer::start_slow_on(address, Duration::ZERO)
+    }
+
+    /// Like [`PyroscopeServer::start_on`], answering each push `delay` after
+    /// it was read.
+    pub fn start_slow_on(address: SocketAddr, delay: Duration) -> PyroscopeServer {
         let listener = TcpListener::bind(address).expect("bind the Pyroscope test server");
         listener.set_nonblocking(true).unwrap();
         let address = listener.local_addr().unwrap();
@@ -75,7 +81,7 @@ impl PyroscopeServer {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((stream, _)) => {
-                            if let Some(push) = serve(stream) {
+                            if let Some(push) = serve(stream, delay) {
                                 pushes.lock().unwrap().push(push);
                             }
                         }
@@ -112,7 +118,7 @@ impl Drop for PyroscopeServer {
 }
 
 /// Reads one request, answers it, and returns it when it was a push.
-fn serve(stream: TcpStream) -> Option<Push> {
+fn serve(stream: TcpStream, delay: Duration) -> Option<Push> {
     stream.set_nonblocking(false).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -148,6 +154,7 @@ fn serve(stream: TcpStream) -> Option<Push> {
         return None;
     }
     let series = decode_push(&body);
+    std::thread::sleep(delay);
     let _ = stream.write_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/proto\r\nContent-Length: 0\r\n\r\n",
     );

@@ -54,6 +54,8 @@ struct State {
     requests: Mutex<Vec<ReceivedRequest>>,
     /// Calls that could not be handled (undecodable bytes, wrong path, …).
     errors: Mutex<Vec<String>>,
+    /// How long each export call waits before it is answered (a slow endpoint).
+    delay: Duration,
 }
 
 /// A running receiver; stopped on drop.
@@ -72,6 +74,12 @@ impl OtlpReceiver {
 
     /// Binds `addr` and starts serving on a private tokio runtime.
     pub fn start_on(addr: SocketAddr) -> OtlpReceiver {
+        OtlpReceiver::start_slow_on(addr, Duration::ZERO)
+    }
+
+    /// Like [`OtlpReceiver::start_on`], answering each export only `delay`
+    /// after it arrived.
+    pub fn start_slow_on(addr: SocketAddr, delay: Duration) -> OtlpReceiver {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -82,7 +90,10 @@ impl OtlpReceiver {
         let addr = std_listener.local_addr().expect("local addr");
         // Fail here, in the test thread, if the descriptors are unusable.
         otlp_descriptor_pool();
-        let state = Arc::new(State::default());
+        let state = Arc::new(State {
+            delay,
+            ..State::default()
+        });
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let svc = ExportService {
             state: state.clone(),
@@ -301,6 +312,7 @@ impl tonic::server::UnaryService<Vec<u8>> for ExportCall {
                 })
                 .collect();
             let raw = request.into_inner();
+            tokio::time::sleep(state.delay).await;
             let decoded = match ExportProfilesServiceRequest::decode(raw.as_slice()) {
                 Ok(r) => r,
                 Err(e) => {

@@ -2,9 +2,12 @@
 //! task sends them in order, retrying transient failures with backoff. The
 //! same pipeline serves every push sink ([`RequestSender`]: OTLP, Parca).
 //!
-//! Nothing is lost while the endpoint is down for less than the retry budget
-//! (5 minutes by default) and the queue has room (at least 5 minutes of
-//! batches); everything that is dropped is counted, by reason.
+//! Sending runs in a task of its own, and [`ExportPipeline::submit`] only
+//! encodes and queues: an endpoint that is down, slow or hung never holds up
+//! the caller (the sink loop, and behind it the sampling loop). Nothing is
+//! lost while the endpoint is down for less than the retry budget (an hour
+//! by default) and the queue has room (ten minutes of a busy host's batches
+//! by default); everything that is dropped is counted, by reason.
 
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};

@@ -31,13 +31,15 @@ pub struct QueueLimits {
 }
 
 impl Default for QueueLimits {
-    /// 256 requests (42 minutes of batches at the default 10 s interval) and
-    /// 128 MiB: five minutes of 10 s batches of a 64-CPU host at 19 Hz, about
-    /// 3 MiB each, fit four times over.
+    /// 1024 requests (ten minutes of batches even at a 1 s interval) and
+    /// 320 MiB: ten minutes of 10 s batches of a busy host at 19 Hz fit,
+    /// from the largest request `benches/benches/encode.rs` measures
+    /// (Pyroscope's and Parca's, 4.79 MB; OTLP's is 0.72 MB), 274 MiB for 60.
+    /// The agent's `--export-queue-bytes` sets the byte bound.
     fn default() -> Self {
         Self {
-            max_requests: 256,
-            max_bytes: 128 << 20,
+            max_requests: 1024,
+            max_bytes: 320 << 20,
         }
     }
 }

@@ -26,15 +26,19 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     /// The OpenTelemetry Collector's exporter defaults, except a shorter
-    /// first wait: a profiler's batches are minutes apart at most, and an
-    /// endpoint restarting is back within seconds.
+    /// first wait (a profiler's batches are minutes apart at most, and an
+    /// endpoint restarting is back within seconds) and a longer budget: an
+    /// hour, so that the queue's byte bound, sized for ten minutes of a
+    /// busy host, is what limits an outage at the default load, rather than
+    /// the age of the oldest request (the Collector's 5 minutes would drop
+    /// half of a 10-minute outage the queue has room for).
     fn default() -> Self {
         Self {
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
             multiplier: 1.5,
             jitter: 0.5,
-            max_elapsed: Duration::from_secs(300),
+            max_elapsed: Duration::from_secs(3600),
         }
     }
 }
