@@ -16,7 +16,7 @@ mod lists;
 mod scrape;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 49] = [
+pub const KEYS: [&str; 50] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
