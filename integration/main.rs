@@ -32,6 +32,7 @@ mod native;
 mod off_cpu;
 mod perl;
 mod php;
+mod privilege;
 mod profiles;
 mod pyroscope;
 mod python;
