@@ -5,8 +5,9 @@
 //! agent runs as nobody with exactly the documented capabilities in every
 //! thread (permitted, effective and bounding; nothing inheritable or
 //! ambient; `no_new_privs`), and still profiles processes of root whose
-//! binary sits in a directory closed to others: complete native stacks,
-//! and named kernel frames. Its HTTP endpoint, with a token and a
+//! binary sits in a directory closed to others: complete native stacks
+//! (of a binary first seen after the drop too, whose unwind table is a new
+//! BPF map) and named kernel frames, with nothing refused in the logs. Its HTTP endpoint, with a token and a
 //! certificate, answers HTTPS only, 401 without the right token, and its
 //! probes stay open. An unknown user and bad certificate files are refused
 //! before anything is loaded.
@@ -22,7 +23,7 @@ use std::time::Duration;
 
 use support::fixture::{Fixture, Mode};
 use support::pprof::{all_samples, decode_dir};
-use support::run::{EXIT_GRACE, Target, base_args_at, duration_args, s};
+use support::run::{EXIT_GRACE, Target, duration_args, s, system_wide_args};
 use support::summary::{count_where, filtered, looks_like_symbol, pct, total};
 use support::{HZ, Icecore, require_root, serial};
 
@@ -111,7 +112,7 @@ fn runs_as_nobody_with_the_kept_capabilities_and_still_profiles() {
         return;
     }
     let _serial = serial();
-    const RUN: Duration = Duration::from_secs(12);
+    const RUN: Duration = Duration::from_secs(14);
     // Root's processes, their binary in a directory closed to others:
     // nobody reads it through CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE only.
     let target = Target::start(Mode::Cycle);
@@ -125,10 +126,12 @@ fn runs_as_nobody_with_the_kept_capabilities_and_still_profiles() {
     let (cert, key) = certificate(target.dir());
     let ca = cert.clone();
 
-    let mut args = base_args_at(target.pid(), HZ);
+    // A target rather than pids: a fixture started after the drop is
+    // profiled too.
+    let mut args = system_wide_args(HZ);
     args.extend([
-        s("--pid"),
-        s(syscalls.pid()),
+        s("--target"),
+        format!("executable={}/busy*", target.dir().display()),
         s("--pprof-dir"),
         s(pprof_dir.display()),
         s("--user"),
@@ -143,6 +146,11 @@ fn runs_as_nobody_with_the_kept_capabilities_and_still_profiles() {
     args.extend(duration_args(RUN));
     let mut icecore = Icecore::spawn(&args, target.dir());
     icecore.wait_for_log("privileges lowered", Duration::from_secs(40));
+    // A binary first seen after the drop (a copy: tables are per file):
+    // its unwind table is a new BPF map, created with CAP_BPF alone.
+    let late_exe = target.dir().join("busy-late");
+    std::fs::copy(&target.exe, &late_exe).unwrap();
+    let late = Fixture::spawn(&late_exe, Mode::Cycle);
 
     let pid = icecore.pid();
     let tasks: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -203,6 +211,36 @@ fn runs_as_nobody_with_the_kept_capabilities_and_still_profiles() {
         "{complete} of {n} samples have main -> run_cycle -> hot_alpha/warm_beta\n{}",
         support::summary::top_stacks(&cycle, 8)
     );
+    let late_samples = of(late.pid());
+    let n = total(&late_samples);
+    let complete = count_where(&late_samples, |smp| {
+        smp.contains("main") && smp.contains("run_cycle")
+    });
+    println!(
+        "late fixture: {n} samples, {:.1}% complete",
+        pct(complete, n)
+    );
+    assert!(n >= 50, "{n} samples of the fixture started after the drop");
+    assert!(
+        pct(complete, n) >= 80.0,
+        "{complete} of {n} samples of the late fixture have main -> run_cycle\n{}",
+        support::summary::top_stacks(&late_samples, 8)
+    );
+    // Nothing the agent did after the drop was refused.
+    let logs = icecore.output().to_lowercase();
+    for refused in [
+        "operation not permitted",
+        "permission denied",
+        "eperm",
+        "eacces",
+    ] {
+        let lines: Vec<&str> = logs.lines().filter(|l| l.contains(refused)).collect();
+        assert!(
+            lines.is_empty(),
+            "{refused} in the logs:\n{}",
+            lines.join("\n")
+        );
+    }
     // Kernel frames, named from /proc/kallsyms, which is read after the
     // drop: CAP_SYSLOG.
     let in_kernel = of(syscalls.pid());
