@@ -215,7 +215,11 @@ async fn run(
     let kept = privileges::lower(&plan).context("cannot lower privileges after start-up")?;
     info!(
         user = plan.user.as_ref().map_or("unchanged", |u| u.name.as_str()),
-        capabilities = %privileges::names(kept),
+        capabilities = %if plan.keep_all {
+            format!("all it had ({kept:#x}, --keep-capabilities)")
+        } else {
+            privileges::names(kept)
+        },
         no_new_privs = !plan.keep_all,
         "privileges lowered"
     );
