@@ -34,6 +34,7 @@ mod off_cpu;
 mod outage;
 mod perl;
 mod php;
+mod privilege;
 mod profiles;
 mod pyroscope;
 mod python;

@@ -23,6 +23,7 @@ use icecore_receiver::{Counter, ProfilerStats, profiler::RuntimeState, runtimes:
 use tracing::info;
 
 use crate::flame_page::{self, FlameHistory};
+use crate::http_access::{self, Access};
 use crate::otlp_listen::ReceiverMetrics;
 use crate::pull::{PullError, PullHub};
 use crate::serve::{self, ListenerLimits};
@@ -56,12 +57,22 @@ pub struct Sources {
 
 /// Serves the endpoints on `listener` (bound at start-up, before the BPF
 /// programs load) until the runtime shuts down.
-pub fn serve(listener: tokio::net::TcpListener, stats: Sources) {
+pub fn serve(listener: tokio::net::TcpListener, access: Access, stats: Sources) {
     let bound = listener
         .local_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    let scheme = if access.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let token = if access.auth.is_required() {
+        " (a bearer token required but on /healthz and /readyz)"
+    } else {
+        ""
+    };
     info!(
-        "serving /metrics, /healthz and /readyz on http://{bound} (and the flame graph page at /, /api/flamegraph, /debug/pprof/profile, /debug/pprof/symbol)"
+        "serving /metrics, /healthz and /readyz on {scheme}://{bound} (and the flame graph page at /, /api/flamegraph, /debug/pprof/profile, /debug/pprof/symbol){token}"
     );
     if let Some(flame) = &stats.flame {
         flame.spawn_expiry();
@@ -78,14 +89,25 @@ pub fn serve(listener: tokio::net::TcpListener, stats: Sources) {
         )
         .with_state(stats.clone())
         .merge(flame_page::routes(stats.flame.clone()));
+    let auth = access.auth;
     serve::spawn(
         listener,
+        access.tls,
         ListenerLimits::default(),
         refused,
         "HTTP endpoint",
-        move |request| {
+        move |request: hyper::Request<hyper::body::Incoming>| {
             let app = app.clone();
+            let allowed = http_access::allowed(&auth, &request);
             async move {
+                if !allowed {
+                    return (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        "a bearer token is required\n",
+                    )
+                        .into_response();
+                }
                 match tower::ServiceExt::oneshot(app, request).await {
                     Ok(response) => response,
                     Err(never) => match never {},

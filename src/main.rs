@@ -6,10 +6,12 @@
 mod allocator;
 mod flame_page;
 mod http;
+mod http_access;
 mod labeler;
 mod logging;
 mod off_cpu_metrics;
 mod otlp_listen;
+mod privileges;
 mod pull;
 mod scrape;
 mod self_traces;
@@ -110,6 +112,14 @@ async fn check_config(config: &Config) -> anyhow::Result<()> {
         sinks::read_token(path)
             .with_context(|| format!("--otlp-listen-bearer-token-file {}", path.display()))?;
     }
+    http_access(config)?;
+    if let Some(user) = &config.user {
+        let user = privileges::User::lookup(user)?;
+        lines.push(format!(
+            "runs as {} (UID {}) after start-up",
+            user.name, user.uid
+        ));
+    }
     if lines.is_empty() {
         lines.push("no sink configured: pprof files in the default directory".to_owned());
     }
@@ -133,8 +143,15 @@ async fn run(
         info!("{line}");
     }
 
-    // Listeners and tokens before the BPF programs: a port in use or an
-    // unreadable token is reported before anything is loaded.
+    // The user, listeners, tokens and certificates before the BPF programs:
+    // a missing user, a port in use or an unreadable file is reported
+    // before anything is loaded.
+    let mut user = config
+        .user
+        .as_deref()
+        .map(privileges::User::lookup)
+        .transpose()?;
+    let http_access = http_access(&config)?;
     let http_listener = serve::bind(config.http_address, "--http-address").await?;
     let otlp_listener = match config.otlp_listen {
         Some(address) => {
@@ -180,10 +197,37 @@ async fn run(
             default.exists().then(|| default.to_path_buf())
         }
     };
+    if let (Some(user), Some(socket)) = (user.as_mut(), &options.docker_socket) {
+        // The Docker socket is root:docker 0660: the user reaches it
+        // through that group rather than through CAP_DAC_OVERRIDE.
+        if let Ok(meta) = std::fs::metadata(socket) {
+            user.add_group(std::os::unix::fs::MetadataExt::gid(&meta));
+        }
+    }
     // Loading the programs and describing every running process.
     let profiler = tracing::info_span!("startup")
         .in_scope(|| CpuProfiler::start(&options))
         .context("cannot start sampling")?;
+    // Everything needing more privilege is done: the programs are loaded
+    // and attached, the perf events open, the listeners bound.
+    let plan = privileges::Plan {
+        user,
+        keep_all: config.keep_capabilities,
+    };
+    let kept = privileges::lower(&plan).context("cannot lower privileges after start-up")?;
+    info!(
+        user = plan.user.as_ref().map_or("unchanged", |u| u.name.as_str()),
+        capabilities = %if plan.keep_all {
+            format!("all it had ({kept:#x}, --keep-capabilities)")
+        } else {
+            privileges::names(kept)
+        },
+        no_new_privs = !plan.keep_all,
+        "privileges lowered"
+    );
+    if let (Some(user), Some(dir)) = (&plan.user, &config.pprof_dir) {
+        privileges::check_writable(dir, &user.name)?;
+    }
     let mut receiver = None;
     let received = match otlp_listener {
         Some((listener, auth)) => {
@@ -207,6 +251,7 @@ async fn run(
     drop(scraped_tx);
     http::serve(
         http_listener,
+        http_access,
         http::Sources {
             profiler: profiler.stats(),
             otlp: sinks.otlp_stats(),
@@ -295,6 +340,21 @@ async fn run(
         );
     }
     Ok(())
+}
+
+/// The HTTP endpoints' token and TLS, read now so that a bad file stops
+/// the start with its name.
+fn http_access(config: &Config) -> anyhow::Result<http_access::Access> {
+    let mut access = http_access::Access::default();
+    if let Some(path) = &config.http_bearer_token_file {
+        let token = sinks::read_token(path)
+            .with_context(|| format!("--http-bearer-token-file {}", path.display()))?;
+        access.auth = icecore_otlp::receive::BearerAuth::bearer(&token);
+    }
+    if let Some(tls) = &config.http_tls {
+        access.tls = Some(http_access::acceptor(&tls.cert, &tls.key)?);
+    }
+    Ok(access)
 }
 
 /// Where to read this node's pods: the configured kubelet or API server,

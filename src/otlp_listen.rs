@@ -52,6 +52,7 @@ pub fn serve(
     info!("receiving OTLP profiles on {bound} (gRPC, and HTTP at {HTTP_PATH})");
     serve::spawn(
         listener,
+        None,
         ListenerLimits::default(),
         metrics.refused_connections.clone(),
         "OTLP receiver",

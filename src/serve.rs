@@ -22,7 +22,12 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
 };
-use tokio::{net::TcpListener, sync::Semaphore};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpListener,
+    sync::Semaphore,
+};
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
 /// How a listener treats its peers.
@@ -54,10 +59,17 @@ pub async fn bind(address: SocketAddr, flag: &str) -> anyhow::Result<TcpListener
         .with_context(|| format!("{flag} {address}: cannot listen"))
 }
 
-/// Serves `handler` on `listener` until the runtime stops. Connections
-/// refused at the limit are counted in `refused`.
+/// A connection, plain or TLS, as hyper serves it.
+trait Connection: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Connection for T {}
+
+/// Serves `handler` on `listener` until the runtime stops, over TLS when
+/// `tls` is given (a peer that does not speak TLS is closed after its first
+/// bytes fail the handshake). Connections refused at the limit are counted
+/// in `refused`.
 pub fn spawn<H, F, B>(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     limits: ListenerLimits,
     refused: Arc<AtomicU64>,
     name: &'static str,
@@ -105,6 +117,7 @@ pub fn spawn<H, F, B>(
             };
             let builder = Arc::clone(&builder);
             let handler = handler.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let _slot = slot;
                 // A connection that never sends a byte never reaches hyper's
@@ -122,8 +135,29 @@ pub fn spawn<H, F, B>(
                     let response = handler(request);
                     async move { Ok::<_, Infallible>(response.await) }
                 });
+                let connection: Box<dyn Connection> = match tls {
+                    None => Box::new(stream),
+                    // The handshake shares the header timeout: a peer that
+                    // stalls in it holds a slot no longer than one that
+                    // stalls in its headers.
+                    Some(acceptor) => {
+                        match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream))
+                            .await
+                        {
+                            Ok(Ok(tls_stream)) => Box::new(tls_stream),
+                            Ok(Err(e)) => {
+                                debug!("{name}: TLS handshake with {peer} failed: {e}");
+                                return;
+                            }
+                            Err(_) => {
+                                debug!("{name}: TLS handshake with {peer} timed out");
+                                return;
+                            }
+                        }
+                    }
+                };
                 if let Err(e) = builder
-                    .serve_connection(TokioIo::new(stream), service)
+                    .serve_connection(TokioIo::new(connection), service)
                     .await
                 {
                     debug!("{name}: connection from {peer} ended: {e}");

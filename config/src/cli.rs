@@ -192,6 +192,26 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "ADDR")]
     http_address: Option<String>,
 
+    /// File holding the bearer token required on --http-address (every path but /healthz and /readyz) [default: none]
+    #[arg(long, value_name = "FILE")]
+    http_bearer_token_file: Option<String>,
+
+    /// PEM file of the certificate (chain) --http-address serves HTTPS with; needs --http-tls-key [default: none, plain HTTP]
+    #[arg(long, value_name = "FILE")]
+    http_tls_cert: Option<String>,
+
+    /// PEM file of --http-tls-cert's private key [default: none]
+    #[arg(long, value_name = "FILE")]
+    http_tls_key: Option<String>,
+
+    /// Run as this user (name or UID) and its groups once the BPF programs are loaded, keeping only the capabilities profiling still needs [default: the starting user]
+    #[arg(long, value_name = "NAME|UID")]
+    user: Option<String>,
+
+    /// Keep every capability after start-up instead of only those profiling needs; for debugging
+    #[arg(long)]
+    keep_capabilities: bool,
+
     /// How long the flame graph page at / on --http-address keeps aggregated profiles, from 1m to 24h, like 15m or 2h; 0 turns the history (and the page's data) off [default: 15m]
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     flamegraph_history: Option<String>,
@@ -448,6 +468,22 @@ impl Cli {
             self.http_address.as_deref(),
             validate::http_address,
         )?;
+        let http_bearer_token_file = check(
+            "http-bearer-token-file",
+            self.http_bearer_token_file.as_deref(),
+            export::token_file,
+        )?;
+        let http_tls_cert = check(
+            "http-tls-cert",
+            self.http_tls_cert.as_deref(),
+            export::pem_file,
+        )?;
+        let http_tls_key = check(
+            "http-tls-key",
+            self.http_tls_key.as_deref(),
+            export::pem_file,
+        )?;
+        let user = check("user", self.user.as_deref(), validate::user)?;
         let flamegraph_history = check(
             "flamegraph-history",
             self.flamegraph_history.as_deref(),
@@ -533,6 +569,11 @@ impl Cli {
             pids,
             runtimes,
             http_address,
+            http_bearer_token_file,
+            http_tls_cert,
+            http_tls_key,
+            user,
+            keep_capabilities: self.keep_capabilities.then_some(true),
             flamegraph_history,
             flamegraph_max_bytes,
             log_level,

@@ -16,7 +16,7 @@ mod lists;
 mod scrape;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 50] = [
+pub const KEYS: [&str; 55] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -62,6 +62,11 @@ pub const KEYS: [&str; 50] = [
     "pids",
     "runtimes",
     "http_address",
+    "http_bearer_token_file",
+    "http_tls_cert",
+    "http_tls_key",
+    "user",
+    "keep_capabilities",
     "flamegraph_history",
     "flamegraph_max_bytes",
     "log_level",
@@ -286,6 +291,11 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         pids: reader.pids()?,
         runtimes: reader.runtimes()?,
         http_address: reader.string("http_address", validate::http_address)?,
+        http_bearer_token_file: reader.string("http_bearer_token_file", export::token_file)?,
+        http_tls_cert: reader.string("http_tls_cert", export::pem_file)?,
+        http_tls_key: reader.string("http_tls_key", export::pem_file)?,
+        user: reader.string("user", validate::user)?,
+        keep_capabilities: reader.boolean("keep_capabilities")?,
         flamegraph_history: reader.string("flamegraph_history", validate::flamegraph_history)?,
         flamegraph_max_bytes: reader.integer(
             "flamegraph_max_bytes",

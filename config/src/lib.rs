@@ -220,6 +220,16 @@ pub struct Config {
     pub runtimes: Vec<String>,
     /// The address of the HTTP server.
     pub http_address: SocketAddr,
+    /// Token file the HTTP endpoints (but `/healthz` and `/readyz`) require
+    /// as `Bearer`, if any.
+    pub http_bearer_token_file: Option<PathBuf>,
+    /// Certificate and key PEM files the HTTP endpoints serve HTTPS with.
+    pub http_tls: Option<HttpTls>,
+    /// The user (name or UID) to run as after start-up, if any.
+    pub user: Option<String>,
+    /// Keep every capability after start-up rather than only those
+    /// profiling needs.
+    pub keep_capabilities: bool,
     /// How long the aggregated profiles behind the flame graph page (`/` on
     /// `http_address`) are kept in memory, from 1m to 24h; zero turns the
     /// history, and the page's data, off.
@@ -236,6 +246,15 @@ pub struct Config {
     /// Where they go when not to the profiles endpoint
     /// (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`).
     pub traces_endpoint: Option<OtlpEndpoint>,
+}
+
+/// The certificate and key of the HTTP endpoints' TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpTls {
+    /// PEM file of the certificate chain, the server's first.
+    pub cert: PathBuf,
+    /// PEM file of its private key.
+    pub key: PathBuf,
 }
 
 /// How log lines are written on stderr.
@@ -386,6 +405,11 @@ pub(crate) struct Settings {
     pub pids: Option<Vec<u32>>,
     pub runtimes: Option<Vec<String>>,
     pub http_address: Option<SocketAddr>,
+    pub http_bearer_token_file: Option<PathBuf>,
+    pub http_tls_cert: Option<PathBuf>,
+    pub http_tls_key: Option<PathBuf>,
+    pub user: Option<String>,
+    pub keep_capabilities: Option<bool>,
     pub flamegraph_history: Option<Duration>,
     pub flamegraph_max_bytes: Option<u64>,
     pub log_level: Option<String>,
@@ -456,6 +480,11 @@ impl Settings {
             pids: self.pids.or(lower.pids),
             runtimes: self.runtimes.or(lower.runtimes),
             http_address: self.http_address.or(lower.http_address),
+            http_bearer_token_file: self.http_bearer_token_file.or(lower.http_bearer_token_file),
+            http_tls_cert: self.http_tls_cert.or(lower.http_tls_cert),
+            http_tls_key: self.http_tls_key.or(lower.http_tls_key),
+            user: self.user.or(lower.user),
+            keep_capabilities: self.keep_capabilities.or(lower.keep_capabilities),
             flamegraph_history: self.flamegraph_history.or(lower.flamegraph_history),
             flamegraph_max_bytes: self.flamegraph_max_bytes.or(lower.flamegraph_max_bytes),
             log_level: self.log_level.or(lower.log_level),
@@ -463,6 +492,17 @@ impl Settings {
             self_traces: self.self_traces.or(lower.self_traces),
             traces_endpoint: self.traces_endpoint.or(lower.traces_endpoint),
         }
+    }
+
+    /// Fills what is unset with the defaults, after the checks only the
+    /// unresolved settings allow (a half of a pair is lost by `resolve`).
+    fn resolve_checked(self) -> Result<Config, ConfigError> {
+        if self.http_tls_cert.is_some() != self.http_tls_key.is_some() {
+            return Err(ConfigError::Conflict {
+                message: "http_tls_cert and http_tls_key go together: give both or neither",
+            });
+        }
+        self.resolve().checked()
     }
 
     /// Fills what is unset with the defaults.
@@ -536,6 +576,13 @@ impl Settings {
                 .runtimes
                 .unwrap_or_else(|| RUNTIME_NAMES.iter().map(|&name| name.to_owned()).collect()),
             http_address: self.http_address.unwrap_or(DEFAULT_HTTP_ADDRESS),
+            http_bearer_token_file: self.http_bearer_token_file,
+            http_tls: self
+                .http_tls_cert
+                .zip(self.http_tls_key)
+                .map(|(cert, key)| HttpTls { cert, key }),
+            user: self.user,
+            keep_capabilities: self.keep_capabilities.unwrap_or(false),
             flamegraph_history: self
                 .flamegraph_history
                 .unwrap_or(DEFAULT_FLAMEGRAPH_HISTORY),
@@ -591,7 +638,7 @@ impl Config {
             None => Settings::default(),
         };
         let env = env::settings(env)?;
-        let config = flags.over(file).over(env).resolve().checked()?;
+        let config = flags.over(file).over(env).resolve_checked()?;
         Ok(Config {
             check_only: cli.check_only(),
             ..config
@@ -662,7 +709,7 @@ impl Config {
     /// Reads and validates a config file alone, with defaults for what it
     /// leaves out, as if it were given by `--config` with no other flags.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
-        file::load(path)?.resolve().checked()
+        file::load(path)?.resolve_checked()
     }
 
     /// The clap command behind [`Config::from_args`], e.g. to render help.

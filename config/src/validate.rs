@@ -426,6 +426,21 @@ pub(crate) fn http_address(text: &str) -> Result<SocketAddr, Invalid> {
         .map_err(|_| Invalid::new(EXPECTED_HTTP_ADDRESS))
 }
 
+pub(crate) const EXPECTED_USER: &str = "a user name or a numeric user ID";
+
+/// Checks `--user`: a name or UID (whether it exists is checked when the
+/// agent starts, on the host it runs on).
+pub(crate) fn user(text: &str) -> Result<String, Invalid> {
+    let text = text.trim();
+    if text.is_empty()
+        || text.len() > 256
+        || text.contains(|c: char| c.is_whitespace() || c.is_control() || c == ':' || c == '/')
+    {
+        return Err(Invalid::new(EXPECTED_USER));
+    }
+    Ok(text.to_owned())
+}
+
 /// A log format: `text`, `json` or `logfmt`.
 pub(crate) fn log_format(text: &str) -> Result<crate::LogFormat, Invalid> {
     match text.trim() {
@@ -743,6 +758,11 @@ mod tests {
             Ok("0.0.0.0:80".parse().expect("literal"))
         );
         assert!(http_address("[::1]:7071").is_ok());
+        assert_eq!(user(" nobody "), Ok("nobody".to_owned()));
+        assert_eq!(user("65534"), Ok("65534".to_owned()));
+        for bad in ["", " ", "a b", "a:b", "../x", "a\0"] {
+            assert!(user(bad).is_err(), "{bad}");
+        }
         for bad in [
             "",
             "localhost:7071",

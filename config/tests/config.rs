@@ -773,3 +773,75 @@ fn flamegraph_history_from_flags_and_file() {
          like 15m or 2h, or 0 to turn the flame graph history off (below the minimum of 1m)"
     );
 }
+
+#[test]
+fn listeners_default_to_loopback() {
+    let config = ok(&[]);
+    assert!(config.http_address.ip().is_loopback(), "{config:?}");
+    assert!(config.otlp_listen.is_none());
+    // A port alone listens on loopback too; another host is only ever
+    // reached by writing its address.
+    let config = ok(&["--otlp-listen", "4317"]);
+    assert!(config.otlp_listen.is_some_and(|a| a.ip().is_loopback()));
+    let file = yaml("otlp_listen: 4317\n");
+    let config = ok(&["--config", path_of(&file)]);
+    assert!(config.otlp_listen.is_some_and(|a| a.ip().is_loopback()));
+    assert!(
+        !ok(&["--http-address", "0.0.0.0:7071"])
+            .http_address
+            .ip()
+            .is_loopback()
+    );
+}
+
+#[test]
+fn privileges_and_the_http_endpoint() {
+    let config = ok(&[]);
+    assert_eq!(config.user, None);
+    assert!(!config.keep_capabilities);
+    assert_eq!(config.http_bearer_token_file, None);
+    assert_eq!(config.http_tls, None);
+    let config = ok(&[
+        "--user",
+        "nobody",
+        "--keep-capabilities",
+        "--http-bearer-token-file",
+        "/etc/icecore/http-token",
+        "--http-tls-cert",
+        "/etc/icecore/cert.pem",
+        "--http-tls-key",
+        "/etc/icecore/key.pem",
+    ]);
+    assert_eq!(config.user.as_deref(), Some("nobody"));
+    assert!(config.keep_capabilities);
+    assert_eq!(
+        config.http_bearer_token_file,
+        Some(PathBuf::from("/etc/icecore/http-token"))
+    );
+    let tls = config.http_tls.expect("TLS");
+    assert_eq!(
+        (tls.cert, tls.key),
+        (
+            PathBuf::from("/etc/icecore/cert.pem"),
+            PathBuf::from("/etc/icecore/key.pem")
+        )
+    );
+    let file = yaml(
+        "user: 65534\nkeep_capabilities: true\nhttp_bearer_token_file: /t\nhttp_tls_cert: /c\nhttp_tls_key: /k\n",
+    );
+    let config = ok(&["--config", path_of(&file)]);
+    assert_eq!(config.user.as_deref(), Some("65534"));
+    assert!(config.keep_capabilities);
+    assert!(config.http_tls.is_some());
+    // A flag wins over the file.
+    assert_eq!(
+        ok(&["--config", path_of(&file), "--user", "daemon"])
+            .user
+            .as_deref(),
+        Some("daemon")
+    );
+    assert!(err(&["--http-tls-cert", "/c"]).contains("http_tls_cert and http_tls_key go together"));
+    assert!(err(&["--http-tls-key", "/k"]).contains("go together"));
+    assert!(err(&["--user", "a b"]).contains("a user name or a numeric user ID"));
+    assert!(err(&["--user", ""]).contains("--user"));
+}

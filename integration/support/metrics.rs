@@ -88,12 +88,17 @@ impl Icecore {
     /// The address of the HTTP endpoint, from the "serving /metrics … on
     /// http://ADDR" log line (waits up to `timeout` for it).
     pub fn http_address(&self, timeout: Duration) -> SocketAddr {
-        const MARK: &str = "serving /metrics, /healthz and /readyz on http://";
+        // http:// or, with --http-tls-cert, https://.
+        const MARK: &str = "serving /metrics, /healthz and /readyz on ";
         let deadline = Instant::now() + timeout;
         loop {
             let stderr = self.stderr();
             if let Some(at) = stderr.find(MARK) {
                 let rest = &stderr[at + MARK.len()..];
+                let rest = rest
+                    .strip_prefix("http://")
+                    .or_else(|| rest.strip_prefix("https://"))
+                    .unwrap_or(rest);
                 let end = rest
                     .find(|c: char| c.is_whitespace() || c == '\u{1b}')
                     .unwrap_or(rest.len());

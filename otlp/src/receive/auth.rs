@@ -1,18 +1,20 @@
-//! Who may send: the receiver's bearer token, checked from the headers
-//! before a byte of the body is read.
+//! Who may send: a bearer token checked in constant time, from the headers
+//! before a byte of the body is read. The receiver (`--otlp-listen`) and the
+//! agent's HTTP endpoints (`--http-address`) share it, so there is one
+//! comparison to get right.
 
 use std::sync::Arc;
 
 /// When a token is set, requests must carry `authorization: Bearer <token>`
 /// (the scheme in any case, as RFC 9110 makes it case-insensitive).
 #[derive(Clone, Default)]
-pub struct ReceiverAuth {
+pub struct BearerAuth {
     bearer_token: Option<Arc<str>>,
 }
 
-impl std::fmt::Debug for ReceiverAuth {
+impl std::fmt::Debug for BearerAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReceiverAuth")
+        f.debug_struct("BearerAuth")
             .field(
                 "bearer_token",
                 &self.bearer_token.as_ref().map(|_| "<redacted>"),
@@ -21,7 +23,10 @@ impl std::fmt::Debug for ReceiverAuth {
     }
 }
 
-impl ReceiverAuth {
+/// The receiver's name for [`BearerAuth`].
+pub type ReceiverAuth = BearerAuth;
+
+impl BearerAuth {
     /// Requires `authorization: Bearer <token>`.
     pub fn bearer(token: &str) -> Self {
         Self {
@@ -62,7 +67,7 @@ mod tests {
 
     #[test]
     fn the_scheme_is_case_insensitive_and_the_token_exact() {
-        let auth = ReceiverAuth::bearer("s3cret");
+        let auth = BearerAuth::bearer("s3cret");
         for good in [
             "Bearer s3cret",
             "bearer s3cret",
@@ -83,7 +88,7 @@ mod tests {
             assert!(!auth.allows(Some(bad)), "{bad}");
         }
         assert!(!auth.allows(None));
-        assert!(ReceiverAuth::default().allows(None));
+        assert!(BearerAuth::default().allows(None));
         assert!(!format!("{auth:?}").contains("s3cret"));
     }
 }

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
 
-pub use auth::ReceiverAuth;
+pub use auth::{BearerAuth, ReceiverAuth};
 pub use body::UnaryBody;
 pub use budget::{MemoryBudget, OverBudget, Reservation};
 pub use decode_cost::{WireError, decoded_bytes};
