@@ -6,6 +6,9 @@
 //! samples must be symbolized although each is gone long before its batch
 //! is cut, and every BPF map must return to its baseline once they exited.
 //!
+//! A pid used again by another process (forced through `ns_last_pid`) must
+//! never be given the samples or names of the process that had it before.
+//!
 //! Needs root (it loads BPF programs); without root it prints why it is
 //! skipped and passes.
 //!
@@ -13,6 +16,7 @@
 
 use crate::support;
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::bpf_maps::UnwinderMaps;
@@ -22,7 +26,7 @@ use support::native::churn::{
 use support::native::measure::print_metrics_at_end;
 use support::native::{BATCH_TIMEOUT, compile_unique_native_c, temp_dir};
 use support::run::{REPORTER_INTERVAL, SystemWideRun};
-use support::{otlp, require_root, serial};
+use support::{now_unix_nanos, otlp, require_root, serial};
 
 /// Every BPF map returns to its baseline once 200 short-lived processes exited.
 #[test]
@@ -204,4 +208,135 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
             "{TEST}: UNWIND_TABLES does not match the files of the described processes"
         );
     }
+}
+
+/// A pid used again is never given the samples, executable or symbols of
+/// the process that had it before: each round runs one image, then forces
+/// the next process to get the same pid (`/proc/sys/kernel/ns_last_pid`, as
+/// checkpoint/restore tools do) and runs another image in it.
+///
+/// The agent sees init-namespace pids, so wrapping `pid_max` in a child pid
+/// namespace would reuse no pid it sees; writing the next pid does.
+#[test]
+fn a_reused_pid_is_never_given_the_previous_process_samples() {
+    const TEST: &str = "a_reused_pid_is_never_given_the_previous_process_samples";
+    const ROUNDS: usize = 8;
+    const RUN: Duration = Duration::from_millis(700);
+    // Samples of a process that name its own work function at least (the
+    // rest are its start and exit).
+    const MIN_OWN_PCT: f64 = 70.0;
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let tmp = temp_dir();
+    let build = |work: &str, exe: &str| {
+        support::build::compile(
+            "clang",
+            &["-O2", "-g", &format!("-DWORK={work}")],
+            "reuse.c",
+            &[],
+            tmp.path(),
+            exe,
+        )
+    };
+    let first = build("first_image_work", "reuse_first");
+    let second = build("second_image_work", "reuse_second");
+    let run = SystemWideRun::spawn(tmp, 97, &[]);
+    let secs = format!("{}", RUN.as_secs_f64());
+    let mut rounds = Vec::new();
+    for _ in 0..ROUNDS {
+        let a_start = now_unix_nanos();
+        let mut a = Command::new(&first)
+            .arg(&secs)
+            .spawn()
+            .expect("run reuse_first");
+        let pid = a.id();
+        a.wait().expect("wait reuse_first");
+        let a_end = now_unix_nanos();
+        // Another process may take the pid between the write and the
+        // spawn: then try again.
+        let mut b = None;
+        for _ in 0..50 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+                .expect("write ns_last_pid");
+            let child = Command::new(&second)
+                .arg(&secs)
+                .spawn()
+                .expect("run reuse_second");
+            if child.id() == pid {
+                b = Some(child);
+                break;
+            }
+            let mut other = child;
+            let _ = other.kill();
+            let _ = other.wait();
+        }
+        let b_start = now_unix_nanos();
+        let mut b = b.unwrap_or_else(|| panic!("{TEST}: pid {pid} could not be had again"));
+        b.wait().expect("wait reuse_second");
+        rounds.push((pid, a_start, a_end, b_start, now_unix_nanos()));
+    }
+    let mut run = run;
+    let _ = run.finish_after_fixtures();
+    let received = otlp::decode::samples(&run.receiver.requests());
+    let mut failures = Vec::new();
+    for (pid, a_start, a_end, b_start, b_end) in rounds {
+        let of = |from: u64, to: u64| -> Vec<support::summary::DecodedSample> {
+            received
+                .iter()
+                .filter(|s| s.pid == Some(i64::from(pid)))
+                .filter_map(|s| s.between(from, to))
+                .collect()
+        };
+        for (image, own, other, from, to) in [
+            (
+                "reuse_first",
+                "first_image_work",
+                "second_image_work",
+                a_start,
+                a_end,
+            ),
+            (
+                "reuse_second",
+                "second_image_work",
+                "first_image_work",
+                b_start,
+                b_end,
+            ),
+        ] {
+            let samples = of(from, to);
+            let n: u64 = samples.iter().map(|s| s.count).sum();
+            let named = |f: &str| -> u64 {
+                samples
+                    .iter()
+                    .filter(|s| s.contains(f))
+                    .map(|s| s.count)
+                    .sum()
+            };
+            let wrong_exe: u64 = samples
+                .iter()
+                .filter(|s| s.comm.as_deref().is_some_and(|c| c != image))
+                .map(|s| s.count)
+                .sum();
+            let (mine, theirs) = (named(own), named(other));
+            println!(
+                "{TEST}: pid {pid} as {image}: {n} samples, {mine} in {own}, {theirs} in {other}, \
+                 {wrong_exe} under another executable name"
+            );
+            if theirs > 0 || wrong_exe > 0 {
+                failures.push(format!(
+                    "pid {pid} as {image}: {theirs} samples in {other} and {wrong_exe} under \
+                     another executable: the other process's"
+                ));
+            }
+            if n < 20 || (mine as f64) < MIN_OWN_PCT / 100.0 * n as f64 {
+                failures.push(format!(
+                    "pid {pid} as {image}: {mine} of {n} samples in {own}, at least \
+                     {MIN_OWN_PCT}% of 20 expected"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
 }
