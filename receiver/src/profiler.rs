@@ -125,7 +125,9 @@ impl CpuProfiler {
                 .ok()?;
             NativeUnwindInfo::new(
                 maps,
-                NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
+                // Built tables kept in user space: more than the distinct
+                // files of a crowded host (integration/crowded.rs maps 2,000).
+                NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN),
                 options.unwind_table_memory,
             )
             .map_err(|e| warn!("DWARF unwinding off, cannot start its thread: {e}"))

@@ -114,6 +114,7 @@ struct FileRange {
     start: u64,
     end: u64,
     file_id: u64,
+    key: FileKey,
 }
 
 /// The native unwinder's user-space half.
@@ -307,6 +308,7 @@ impl NativeUnwindInfo {
                 start: mapping.start,
                 end: mapping.end,
                 file_id: built.file_id,
+                key,
             });
             let Some((slot, live)) = self.use_table(pid, key, &built) else {
                 continue;
@@ -572,6 +574,10 @@ impl NativeUnwindInfo {
                 continue;
             }
             last = Some(range.file_id);
+            // A sampled file's table stays in the bounded cache of built
+            // tables: dropped from it, the file would lose its range here
+            // (so its samples would not count) and be rebuilt.
+            self.files.promote(&range.key);
             if self.budget.sampled(range.file_id, now) == Sampled::Outside {
                 self.sampled_outside.insert(range.file_id);
             }
