@@ -135,6 +135,9 @@ async fn run(
     self_traces: Option<Arc<self_traces::SelfTraceStats>>,
 ) -> anyhow::Result<()> {
     info!(version = env!("CARGO_PKG_VERSION"), "icecore starting");
+    // Before anything slow: a SIGTERM during start-up stops the agent
+    // cleanly once it runs rather than killing it.
+    let stop = shutdown::StopSignals::listen();
     // Before anything else: without privileges, nothing below can work, and
     // that is the one thing to tell the user.
     icecore_receiver::host::check_privileges()?;
@@ -279,11 +282,7 @@ async fn run(
     let cut_now = sinks.pull_hub().cut_signal();
     let sink_task = tokio::spawn(sinks.run(batches_rx, received, scraped_rx));
     let stats = profiler
-        .run(
-            shutdown::signal_or_deadline(config.duration),
-            batches_tx,
-            cut_now,
-        )
+        .run(stop.or_deadline(config.duration), batches_tx, cut_now)
         .await;
     scrapers.stop();
     let sink_report = sink_task.await.context("the sink task failed")?;
