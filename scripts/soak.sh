@@ -27,7 +27,8 @@ mkdir -p "$out/receiver-pprof" "$out/agent-pprof"
 
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # The workload loops' own children (a gzip, a python) go with them.
+  for p in "${pids[@]}"; do pkill -P "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
   [[ -n ${receiver:-} ]] && kill "$receiver" 2>/dev/null || true
   wait 2>/dev/null || true
 }
