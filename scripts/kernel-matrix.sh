@@ -18,7 +18,7 @@
 #                             built with cargo build --release if missing]
 #   ICECORE_MATRIX_DIR        initramfs and serial logs
 #                             [default: target/kernel-matrix]
-#   ICECORE_MATRIX_TIMEOUT    seconds per kernel before qemu is killed [180]
+#   ICECORE_MATRIX_TIMEOUT    seconds per kernel before qemu is killed [300]
 #   ICECORE_MATRIX_LOG_LEVEL  icecore --log-level inside the VM [info]
 #   ICECORE_MATRIX_ULIMIT=0   do not run `ulimit -l unlimited` before icecore
 #   ICECORE_MATRIX_BOOT_RETRIES
@@ -30,6 +30,8 @@
 #                             while a static key was patched on the other
 #                             vCPU); one thread runs the guest's two vCPUs
 #                             in turn, about 30% slower
+#   ICECORE_MATRIX_JOBS       guests booted at once [the number of CPUs]:
+#                             each guest is one host thread (single TCG)
 #
 # Installs qemu-system-x86, busybox-static, cpio and zstd with apt-get when
 # they are missing. Kernel packages are fetched with a private APT
@@ -43,11 +45,12 @@ DEFAULT_KERNELS=(5.10 6.1 6.12 6.18 7.3)
 
 CACHE=${ICECORE_KERNEL_CACHE:-/var/cache/icecore-kernels}
 WORK=${ICECORE_MATRIX_DIR:-$ROOT/target/kernel-matrix}
-TIMEOUT=${ICECORE_MATRIX_TIMEOUT:-180}
+TIMEOUT=${ICECORE_MATRIX_TIMEOUT:-300}
 LOG_LEVEL=${ICECORE_MATRIX_LOG_LEVEL:-info}
 ULIMIT=${ICECORE_MATRIX_ULIMIT:-1}
 BOOT_RETRIES=${ICECORE_MATRIX_BOOT_RETRIES:-1}
 TCG_THREAD=${ICECORE_MATRIX_TCG_THREAD:-single}
+JOBS=${ICECORE_MATRIX_JOBS:-$(nproc)}
 ICECORE_BIN=${ICECORE_BIN:-$ROOT/target/release/icecore}
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
@@ -317,23 +320,14 @@ first_oops() {
 mkdir -p "$WORK/logs" "$CACHE"
 build_initramfs
 
-RESULTS=()
-FAILURES=0
-for series in "${KERNELS[@]}"; do
-	log="$WORK/logs/$series.log"
-	rm -f "$log" "$log.qemu" "$log".boot*
-	t0=$SECONDS
-	if ! fetch_kernel "$series"; then
-		RESULTS+=("$series|-|FAIL|0|kernel not available")
-		FAILURES=$((FAILURES + 1))
-		continue
-	fi
-	dir=$KDIR
+# boot_series SERIES KERNEL_DIR: boots (again after a BOOTFAIL, up to
+# BOOT_RETRIES times) and writes "series|abi|result|seconds|detail" to
+# $WORK/results/SERIES; its report goes to $WORK/logs/SERIES.report.
+boot_series() {
+	local series=$1 dir=$2 abi log t0 attempt=1 retried="" result detail secs
 	abi=$(basename "$dir")
-	say "$series: booting $abi"
+	log="$WORK/logs/$series.log"
 	t0=$SECONDS
-	attempt=1
-	retried=""
 	while :; do
 		read -r result detail <<<"$(boot "$series" "$dir" "$log")"
 		[ "$result" = BOOTFAIL ] || break
@@ -353,19 +347,60 @@ for series in "${KERNELS[@]}"; do
 	done
 	secs=$((SECONDS - t0))
 	[ "$result" != PASS ] || detail=$retried
-	RESULTS+=("$series|$abi|$result|$secs|$detail")
 	if [ "$result" = PASS ]; then
 		say "$series: PASS in ${secs}s${detail:+ ($detail)}"
 	else
-		FAILURES=$((FAILURES + 1))
 		say "$series: FAIL in ${secs}s: $detail (serial log: $log)"
 		# The guest's report: icecore's stderr (with the verifier log) and dmesg.
 		if grep -aq 'icecore-matrix:' "$log" 2>/dev/null; then
-			tr -d '\r' <"$log" | sed -n '/^icecore-matrix: kernel/,$p' | sed 's/^/  | /' >&2
+			tr -d '\r' <"$log" | sed -n '/^icecore-matrix: kernel/,$p' | sed 's/^/  | /'
 		else
-			tr -d '\r' <"$log" | tail -n 40 | sed 's/^/  | /' >&2
-			sed 's/^/  | qemu: /' "$log.qemu" >&2
-		fi
+			tr -d '\r' <"$log" | tail -n 40 | sed 's/^/  | /'
+			sed 's/^/  | qemu: /' "$log.qemu"
+		fi >"$WORK/logs/$series.report"
+	fi
+	echo "$series|$abi|$result|$secs|$detail" >"$WORK/results/$series"
+}
+
+# Kernels are fetched one after the other (they share the APT cache), then
+# booted JOBS at a time: each guest runs on one TCG thread, so on a host
+# with two cores two guests take the time of one.
+rm -rf "$WORK/results"
+mkdir -p "$WORK/results"
+declare -A KDIRS=()
+for series in "${KERNELS[@]}"; do
+	rm -f "$WORK/logs/$series".*
+	if fetch_kernel "$series"; then
+		KDIRS[$series]=$KDIR
+	else
+		echo "$series|-|FAIL|0|kernel not available" >"$WORK/results/$series"
+	fi
+done
+running=0
+for series in "${KERNELS[@]}"; do
+	[ -n "${KDIRS[$series]:-}" ] || continue
+	if [ "$running" -ge "$JOBS" ]; then
+		wait -n || :
+		running=$((running - 1))
+	fi
+	say "$series: booting $(basename "${KDIRS[$series]}")"
+	boot_series "$series" "${KDIRS[$series]}" &
+	running=$((running + 1))
+done
+wait
+
+RESULTS=()
+FAILURES=0
+for series in "${KERNELS[@]}"; do
+	row=$(cat "$WORK/results/$series" 2>/dev/null || echo "$series|-|FAIL|0|no result (the boot's shell died)")
+	RESULTS+=("$row")
+	IFS='|' read -r _ _ result _ _ <<<"$row"
+	if [ "$result" != PASS ]; then
+		FAILURES=$((FAILURES + 1))
+		[ ! -s "$WORK/logs/$series.report" ] || {
+			say "$series: report"
+			cat "$WORK/logs/$series.report" >&2
+		}
 	fi
 done
 
