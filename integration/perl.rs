@@ -359,8 +359,23 @@ fn anonymous_subs_evals_and_xs_are_named_in_place() {
             || anon_at_body + unknown != anon_frames.len()
             || pct(unknown as u64, anon_frames.len() as u64) > 1.0
         {
+            let odd: Vec<Vec<String>> = samples
+                .iter()
+                .filter(|s| {
+                    s.stack
+                        .iter()
+                        .any(|f| f.function == "main::__ANON__" && f.line != anon_line)
+                })
+                .take(3)
+                .map(|s| {
+                    s.stack
+                        .iter()
+                        .map(|f| format!("{}:{}", f.function, f.line))
+                        .collect()
+                })
+                .collect();
             failures.push(format!(
-                "{label}: main::__ANON__ frames not at line {anon_line}: {:?}",
+                "{label}: main::__ANON__ frames not at line {anon_line}: {:?}; stacks: {odd:?}",
                 anon_frames
                     .iter()
                     .map(|f| f.line)

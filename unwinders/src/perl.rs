@@ -158,10 +158,13 @@ pub struct PerlProcess {
     pub cx_oldcop: u16,
     /// `PERL_CONTEXT.blk_sub.cv`; a multiple of 8 below [`CONTEXT_READ_BYTES`].
     pub cx_sub_cv: u16,
+    /// `PERL_SI.si_cxsubix` (an `I32`): the newest sub, format or eval
+    /// context whose push is complete.
+    pub si_cxsubix: u16,
     /// One of [`context_kind`].
     pub context_kind: u8,
     /// Zero.
-    pub reserved: [u8; 3],
+    pub reserved: u8,
 }
 
 const _: () = assert!(core::mem::size_of::<PerlProcess>() == 32);
@@ -187,7 +190,10 @@ pub struct PerlWalkState {
     /// 1 once a frame was reported.
     pub reported: u8,
     /// Zero.
-    pub reserved: [u8; 6],
+    pub reserved: [u8; 2],
+    /// The stack info's `si_cxsubix`: a sub, format or eval context above
+    /// it is being pushed or popped.
+    pub complete_below: i32,
 }
 
 const _: () = assert!(core::mem::size_of::<PerlWalkState>() == 40);
@@ -204,6 +210,7 @@ impl PerlWalkState {
         self.contexts_read = 0;
         self.started = 0;
         self.reported = 0;
+        self.complete_below = -1;
     }
 }
 
@@ -284,6 +291,11 @@ impl PerlProcess {
         let Some(index) = memory.read_u64(stackinfo.wrapping_add(u64::from(self.si_cxix))) else {
             return false;
         };
+        let Some(complete_below) =
+            memory.read_u64(stackinfo.wrapping_add(u64::from(self.si_cxsubix)))
+        else {
+            return false;
+        };
         // `si_cxix` is an I32 in the low half; -1 is an empty stack info.
         let index = index as u32 as i32;
         if index < -1 || index as i64 >= MAX_CONTEXT_INDEX as i64 || (contexts == 0 && index >= 0) {
@@ -292,6 +304,7 @@ impl PerlProcess {
         state.stackinfo = stackinfo;
         state.contexts = contexts;
         state.index = index;
+        state.complete_below = complete_below as u32 as i32;
         true
     }
 
@@ -324,9 +337,10 @@ impl PerlProcess {
             }
             return PerlStep::StackSwitch(TAGS.word(word::STACK_SWITCH, 0));
         }
+        let index = state.index;
         let at = state
             .contexts
-            .wrapping_add((state.index as u64).wrapping_mul(u64::from(self.context_size)));
+            .wrapping_add((index as u64).wrapping_mul(u64::from(self.context_size)));
         state.index -= 1;
         state.contexts_read = state.contexts_read.saturating_add(1);
         let Some(words) = memory.read_words::<CONTEXT_WORDS>(at) else {
@@ -334,8 +348,21 @@ impl PerlProcess {
             return PerlStep::ReadFailed;
         };
         let type_byte = words[0] as u8;
+        // `cx_pushblock` counts a context in before it writes its fields,
+        // and `cx_pushsub`/`cx_pusheval` record it in `si_cxsubix` only
+        // once its CV is in place; popping clears the CV and restores
+        // `si_cxsubix` before the caller's statement is back in
+        // `PL_curcop`. A sub or eval context above `si_cxsubix` is in one
+        // of those windows: its type, CV and call site may still be the
+        // previous occupant's (CI run 10: a sample taken while `summed` was
+        // being pushed named the sub under it at `summed`'s old call site),
+        // so it is no frame, and `PL_curcop` stays the statement running.
+        let kind = type_byte & cx::TYPE_MASK;
+        if matches!(kind, cx::SUB | cx::FORMAT | cx::EVAL) && index > state.complete_below {
+            return PerlStep::Skipped;
+        }
         let field = |offset: u16| words.get(usize::from(offset / 8)).copied();
-        let (frame_word, older_cop) = match type_byte & cx::TYPE_MASK {
+        let (frame_word, older_cop) = match kind {
             cx::SUB | cx::FORMAT if type_byte & cx::SUB_RE_FAKE == 0 => {
                 let (Some(cv), Some(older_cop)) = (field(self.cx_sub_cv), field(self.cx_oldcop))
                 else {

@@ -28,8 +28,9 @@ fn process(kind: u8, context_at: u64) -> PerlProcess {
         context_size: CX as u16,
         cx_oldcop: 16,
         cx_sub_cv: 72,
+        si_cxsubix: 40,
         context_kind: kind,
-        reserved: [0; 3],
+        reserved: 0,
     }
 }
 
@@ -44,11 +45,17 @@ fn context(m: &mut Image, contexts: u64, index: u64, type_byte: u8, old_cop: u64
     m.put(at + 72, cv);
 }
 
+/// A stack info whose contexts up to `newest` are all pushed completely.
 fn stackinfo(m: &mut Image, si: u64, contexts: u64, newest: i32, prev: u64) {
     m.put(si + 8, contexts);
     m.put(si + 16, prev);
-    // si_cxix and si_cxmax share a word.
+    // si_cxix and si_cxmax share a word, si_cxsubix and si_type the next.
     m.put(si + 32, u64::from(newest as u32) | (64 << 32));
+    set_complete_below(m, si, newest);
+}
+
+fn set_complete_below(m: &mut Image, si: u64, index: i32) {
+    m.put(si + 40, u64::from(index as u32) | (1 << 32));
 }
 
 /// A main stack info: a block, `A` called at 0xc1, a loop, `B` called at
@@ -158,6 +165,27 @@ fn older_stack_infos_follow_a_switch_word() {
     // The frames of the main stack info go on from the comparator's call site.
     assert_eq!(words[4], w(word::COP, 0xc5));
     assert_eq!(words.last(), Some(&w(word::COP, 0xc1)));
+}
+
+#[test]
+fn a_context_being_pushed_or_popped_is_no_frame() {
+    let p = process(context_kind::GLOBAL, 0);
+    let expected = walk(&p, &mut image());
+    // A sub's context counted in (`si_cxix`) but not yet recorded in
+    // `si_cxsubix`: its type, CV and call site are a previous call's, here
+    // a sub `C` called from 0xc7; or an eval's in the same state.
+    for (type_byte, cv) in [(0x29, 0xd0), (0x09, 0), (0x2b, 0)] {
+        let mut m = image();
+        stackinfo(&mut m, MAIN_SI, MAIN_CXS, 6, 0);
+        set_complete_below(&mut m, MAIN_SI, 4);
+        context(&mut m, MAIN_CXS, 6, type_byte, 0xc7, cv);
+        assert_eq!(walk(&p, &mut m), expected, "type {type_byte:#x}");
+    }
+    // Below the newest complete one, every context counts as before.
+    let mut m = image();
+    set_complete_below(&mut m, MAIN_SI, 3);
+    let words = walk(&p, &mut m);
+    assert_eq!(words[..2], [w(word::SUB, 0xb0), w(word::COP, 0xc4)]);
 }
 
 #[test]

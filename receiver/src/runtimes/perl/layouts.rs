@@ -22,6 +22,8 @@ pub struct PerlLayout {
     pub si_prev: u16,
     /// `PERL_SI.si_cxix`.
     pub si_cxix: u16,
+    /// `PERL_SI.si_cxsubix`.
+    pub si_cxsubix: u16,
     /// `sizeof(PERL_CONTEXT)`.
     pub context_size: u16,
     /// `PERL_CONTEXT.blk_oldcop`.
@@ -91,6 +93,7 @@ const COMMON: PerlLayout = PerlLayout {
     si_cxstack: 8,
     si_prev: 16,
     si_cxix: 32,
+    si_cxsubix: 40,
     context_size: 104,
     cx_oldcop: 16,
     cx_sub_cv: 72,
@@ -166,6 +169,7 @@ impl PerlLayout {
             si_cxstack: self.si_cxstack,
             si_prev: self.si_prev,
             si_cxix: self.si_cxix,
+            si_cxsubix: self.si_cxsubix,
             context_size: self.context_size,
             cx_oldcop: self.cx_oldcop,
             cx_sub_cv: self.cx_sub_cv,
