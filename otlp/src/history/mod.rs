@@ -103,6 +103,46 @@ struct StackEntry {
     kinds: u16,
 }
 
+/// Where a frame's code is, the same in every process that maps its file:
+/// its address relative to the file, or the address itself without a file.
+/// A symbolized frame is where its lines say: the addresses of one line
+/// are one place for the flame graph (and a stack per instruction would
+/// multiply the stacks kept by the instructions of every loop).
+fn code_address(frame: &Frame) -> u64 {
+    if !frame.lines.is_empty() {
+        return 0;
+    }
+    match &frame.mapping {
+        Some(m) => frame
+            .address
+            .wrapping_sub(m.memory_start)
+            .wrapping_add(m.file_offset),
+        None => frame.address,
+    }
+}
+
+/// Whether two frames are the same code under the same names (the same
+/// lines), in whichever processes they were taken.
+fn same_code(a: &Frame, b: &Frame) -> bool {
+    a.kind == b.kind
+        && code_address(a) == code_address(b)
+        && a.lines == b.lines
+        && match (&a.mapping, &b.mapping) {
+            (Some(x), Some(y)) => x.filename == y.filename && x.build_id == y.build_id,
+            (None, None) => true,
+            _ => false,
+        }
+}
+
+/// The hash [`same_code`] frames share.
+fn code_hash(frame: &Frame) -> u64 {
+    let mapping = frame
+        .mapping
+        .as_ref()
+        .map(|m| (m.filename.as_ref(), m.build_id.as_deref()));
+    FixedState::default().hash_one((frame.kind, code_address(frame), &frame.lines, mapping))
+}
+
 /// What is known of one frame allocation: its value's hash, its names
 /// (outermost first) and type. The entry holds the frame, so its address,
 /// the key, stays its own while the entry lives.
@@ -134,8 +174,14 @@ struct ThreadKey {
 ///
 /// Stacks are found by the frames' allocations first: the profiler hands
 /// the same `Arc<Frame>` for a frame it symbolized before, so a stack seen
-/// again costs a lookup per frame, not a hash of every name in it. Equal
-/// frames in distinct allocations still give one stack (by value).
+/// again costs a lookup per frame, not a hash of every name in it. Frames
+/// of the same code in distinct allocations still give one stack: equal
+/// names and lines in the same file ([`same_code`]), wherever each process
+/// loaded it. Otherwise every short-lived process would add its own
+/// copy of every stack (its load addresses differ), and a host starting
+/// thousands of processes a minute would fill the history with copies.
+/// A pprof download shows such a stack with the addresses of the process
+/// it was first seen in.
 #[derive(Debug, Default)]
 struct Tables {
     names: NameTable,
@@ -186,7 +232,7 @@ impl Tables {
             self.bytes += names.len() * size_of::<NameId>();
             let entry = FrameEntry {
                 _frame: frame.clone(),
-                hash: FixedState::default().hash_one(&**frame),
+                hash: code_hash(frame),
                 names,
                 kind_bit: kind_bit(frame.kind),
             };
@@ -198,12 +244,24 @@ impl Tables {
     fn stack_id(&mut self, stack: &Stack) -> u32 {
         let mut hash: u64 = stack.len() as u64;
         for frame in stack.iter() {
-            let h = self.frame(frame).hash;
+            // A frame not seen before is hashed, not entered: it is kept
+            // only if its stack is new (another process's copy of a known
+            // stack is not).
+            let h = match self.frames.get(&(Arc::as_ptr(frame) as usize)) {
+                Some(entry) => entry.hash,
+                None => code_hash(frame),
+            };
             hash = (hash.rotate_left(5) ^ h).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         }
         let mut at = self.stack_heads.get(&hash).copied().unwrap_or(NONE);
         while at != NONE {
-            if self.stacks[at as usize].stack == *stack {
+            let known = &self.stacks[at as usize].stack;
+            if known.len() == stack.len()
+                && known
+                    .iter()
+                    .zip(stack.iter())
+                    .all(|(a, b)| Arc::ptr_eq(a, b) || same_code(a, b))
+            {
                 return at;
             }
             at = self.same_hash[at as usize];

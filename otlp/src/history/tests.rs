@@ -361,3 +361,59 @@ fn equal_stacks_in_new_allocations_are_one_stack() {
     let view = h.query(&FlameQuery::default()).unwrap();
     assert_eq!(child(child(&view.root, "main"), "alpha").total, 5);
 }
+
+#[test]
+fn one_code_in_many_processes_is_one_stack() {
+    // The same two functions of one file, loaded at a different address in
+    // each of 100 short-lived processes.
+    let at = |start: u64, offset: u64, name: &str| {
+        Arc::new(Frame {
+            kind: FrameKind::Native,
+            address: start + offset,
+            mapping: Some(Arc::new(Mapping {
+                memory_start: start,
+                memory_limit: start + 0x10000,
+                file_offset: 0x1000,
+                filename: "/usr/bin/worker".into(),
+                build_id: Some("ab12".into()),
+            })),
+            lines: vec![Line {
+                function_name: name.into(),
+                system_name: name.into(),
+                filename: None,
+                line: 0,
+                column: 0,
+            }],
+        })
+    };
+    let mut h = roomy();
+    for pid in 0..100u32 {
+        let start = 0x5500_0000_0000 + u64::from(pid) * 0x10_0000;
+        let s: Stack = vec![at(start, 0x20, "work"), at(start, 0x10, "main")].into();
+        h.ingest(&batch(u64::from(pid), &[(pid + 1, pid + 1, &s, 1)]), T0);
+    }
+    assert_eq!(h.tables.stacks.len(), 1);
+    assert_eq!(
+        h.tables.frames.len(),
+        2,
+        "another process's frames are not kept"
+    );
+    let view = h.query(&FlameQuery::default()).unwrap();
+    assert_eq!(child(child(&view.root, "main"), "work").total, 100);
+    // Another instruction of the same line is the same place...
+    let start = 0x5600_0000_0000;
+    let s: Stack = vec![at(start, 0x24, "work"), at(start, 0x10, "main")].into();
+    h.ingest(&batch(100, &[(500, 500, &s, 1)]), T0);
+    assert_eq!(h.tables.stacks.len(), 1);
+    // ...but without lines, an address is all that tells frames apart.
+    let bare = |offset: u64| {
+        let mut f = (*at(start, offset, "")).clone();
+        f.lines.clear();
+        Arc::new(f)
+    };
+    for (i, offset) in [0x30, 0x34, 0x30].into_iter().enumerate() {
+        let s: Stack = vec![bare(offset), at(start, 0x10, "main")].into();
+        h.ingest(&batch(101 + i as u64, &[(500, 500, &s, 1)]), T0);
+    }
+    assert_eq!(h.tables.stacks.len(), 3);
+}
