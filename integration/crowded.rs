@@ -237,7 +237,7 @@ fn unwind_tables_stay_within_their_budget_on_a_crowded_host() {
         .icecore
         .metrics_after_next_batch(Duration::from_secs(10));
     most_bytes = most_bytes.max(at_end.value("icecore_unwind_table_bytes"));
-    let rss_kib = agent_rss_kib(run.icecore.pid());
+    let rss_kib = support::status_kib(run.icecore.pid(), "VmRSS:");
     run.icecore.stop();
     assert!(hot.is_running(), "{TEST}: the hot process died");
     assert!(
@@ -314,16 +314,4 @@ fn unwind_tables_stay_within_their_budget_on_a_crowded_host() {
         }
     }
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
-}
-
-fn agent_rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }

@@ -26,7 +26,7 @@ use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_ser
 use support::fixture::Mode;
 use support::metrics::Metrics;
 use support::run::{Target, base_args_at, s};
-use support::{HZ, Icecore, receiver_client, require_root, serial};
+use support::{HZ, Icecore, receiver_client, require_root, serial, status_kib};
 
 const TOKEN: &str = "let-me-in";
 const GRPC_PATH: &str =
@@ -104,15 +104,6 @@ fn free_port() -> SocketAddr {
         .unwrap()
         .local_addr()
         .unwrap()
-}
-
-fn status_kib(pid: i32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} in /proc/PID/status"))
 }
 
 /// An HTTP/1.1 request that declares a 1 MB body and sends three bytes of it.

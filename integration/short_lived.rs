@@ -1,10 +1,14 @@
 // Copyright 2026 The icecore Authors
 // SPDX-License-Identifier: Apache-2.0
 
-//! End-to-end test of short-lived processes: 200 processes of 30 ms each run
-//! one after another while icecore profiles the host at 997 Hz. Their
-//! samples must be symbolized although each is gone long before its batch
-//! is cut, and every BPF map must return to its baseline once they exited.
+//! End-to-end test of short-lived processes: 2,000 processes of 10 ms each
+//! (`ICECORE_CHURN_PROCESSES` for more), four at a time, while icecore
+//! profiles the host at 997 Hz. They are execs of eight distinct
+//! executables, and a third of them run three more threads, a third fork two
+//! children without exec. Their samples must be symbolized although each is
+//! gone long before its batch is cut, and every BPF map must return to its
+//! baseline once they exited. The agent's RSS is printed before, after the
+//! first half (which fills its bounded caches) and at the end.
 //!
 //! A pid used again by another process (forced through `ns_last_pid`) must
 //! never be given the samples or names of the process that had it before.
@@ -21,25 +25,34 @@ use std::time::{Duration, Instant};
 
 use support::bpf_maps::UnwinderMaps;
 use support::native::churn::{
-    MapPoller, Outcome, SymbolizedShare, liveness, run_short_lived, steady_baseline,
+    MapPoller, Outcome, SymbolizedShare, liveness, run_churn, steady_baseline,
 };
 use support::native::measure::print_metrics_at_end;
 use support::native::{BATCH_TIMEOUT, compile_unique_native_c, temp_dir};
 use support::run::{REPORTER_INTERVAL, SystemWideRun};
-use support::{now_unix_nanos, otlp, require_root, serial};
+use support::{now_unix_nanos, otlp, require_root, serial, status_kib};
 
-/// Every BPF map returns to its baseline once 200 short-lived processes exited.
+/// Every BPF map returns to its baseline once 2,000 short-lived processes
+/// exited.
 #[test]
 fn bpf_maps_return_to_baseline_after_short_lived_processes() {
     const TEST: &str = "bpf_maps_return_to_baseline_after_short_lived_processes";
-    const PROCESSES: usize = 200;
     const HZ: u32 = 997;
+    /// Distinct executables: each has a table of its own to install and remove.
+    const EXECUTABLES: usize = 8;
+    const WORKERS: usize = 4;
     if !require_root(TEST) {
         return;
     }
+    let processes: usize = std::env::var("ICECORE_CHURN_PROCESSES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
     let _serial = serial();
     let tmp = temp_dir();
-    let churn_exe = compile_unique_native_c(tmp.path(), "churn");
+    let churn_exes: Vec<_> = (0..EXECUTABLES)
+        .map(|i| compile_unique_native_c(tmp.path(), &format!("churn{i}")))
+        .collect();
     let mut run = SystemWideRun::spawn(
         tmp,
         HZ,
@@ -53,10 +66,17 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
 
     let base = steady_baseline(TEST, &maps);
     let base_pids = base.pids();
+    let rss_before = status_kib(ice_pid as i32, "VmRSS:");
 
     let poller = MapPoller::start(ice_pid, base_pids.clone());
     let started = Instant::now();
-    let churn_pids = run_short_lived(&churn_exe, PROCESSES);
+    // In two halves: the first fills the agent's bounded caches (symbols,
+    // the flame graph history's stacks of these programs), so growth over
+    // the second is memory that per-process state keeps.
+    let mut churn_pids = run_churn(&churn_exes, processes / 2, WORKERS);
+    std::thread::sleep(REPORTER_INTERVAL);
+    let rss_warm = status_kib(ice_pid as i32, "VmRSS:");
+    churn_pids.extend(run_churn(&churn_exes, processes - processes / 2, WORKERS));
     let churn_secs = started.elapsed().as_secs_f64();
     let last_exit = Instant::now();
     // Two reporting intervals after the last exit (the periodic sweep runs at each).
@@ -100,11 +120,17 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
             .collect()
     };
     let at_end = run.icecore.metrics_after_next_batch(BATCH_TIMEOUT);
+    let rss_after = status_kib(ice_pid as i32, "VmRSS:");
     println!(
-        "{TEST}: {PROCESSES} processes in {churn_secs:.1} s; final read {:.1} s after the last \
-         exit; {} polls of the maps meanwhile",
+        "{TEST}: {processes} processes ({} with the forked children) in {churn_secs:.1} s; final \
+         read {:.1} s after the last exit; {} polls of the maps meanwhile; agent RSS {} KiB \
+         before, {} KiB after the first half, {} KiB at the end",
+        churn_pids.len(),
         last_exit.elapsed().as_secs_f64(),
-        churn.polls
+        churn.polls,
+        rss_before,
+        rss_warm,
+        rss_after
     );
     run.icecore.stop();
     let _ = std::fs::copy(
@@ -120,16 +146,16 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
         new_unrelated,
         gone,
         ..
-    } = Outcome::report(TEST, PROCESSES, &churn, &churn_pids, &base, &fin);
+    } = Outcome::report(TEST, churn_pids.len(), &churn, &churn_pids, &base, &fin);
     print_metrics_at_end(TEST, &at_end);
 
     // Their samples are symbolized although each process was gone long
     // before its batch was cut: learned at exec and at its first sample.
     let received = otlp::decode::samples(&run.receiver.requests());
-    let share = SymbolizedShare::of(&received, &churn_pids, &churn_exe);
+    let share = SymbolizedShare::of(&received, &churn_pids, &churn_exes);
     println!("{TEST}: short-lived processes' samples: {share}");
     assert!(
-        share.user_samples >= (PROCESSES * 10) as u64,
+        share.user_samples >= (processes * 5) as u64,
         "{TEST}: too few samples of the short-lived processes: {share}"
     );
     assert!(
@@ -137,6 +163,15 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
         "{TEST}: under 95% of the short-lived processes' samples symbolized: {share}"
     );
 
+    // Not asserted yet: the second half still grows RSS by 10-15 % here
+    // (46 -> 71 -> 81 MiB on 2026-11-27, with other work on the machine
+    // adding stacks to the flame graph history). Issue 26 keeps it open.
+    if rss_after * 10 > rss_warm * 11 {
+        println!(
+            "{TEST}: NOT FLAT: RSS grew from {rss_warm} KiB to {rss_after} KiB over the second \
+             half (over 10 %)"
+        );
+    }
     assert!(
         churn.peak_pids > base.processes.len() && churn.peak_tables > base.tables.len(),
         "{TEST}: the maps never grew during the churn (PROCESS_MAPPINGS peak {} vs baseline {}, \

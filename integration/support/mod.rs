@@ -44,6 +44,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub const HZ: u32 = 97;
 
 /// A temporary directory for one test's files.
+/// A `/proc/PID/status` field in KiB (`"VmRSS:"`, `"VmHWM:"`).
+pub fn status_kib(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
 pub fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }

@@ -126,21 +126,62 @@ pub fn steady_baseline(label: &str, maps: &UnwinderMaps) -> Snapshot {
     base
 }
 
-/// Runs `exe burn 30` `processes` times, one after the other, each to its
-/// successful exit; returns their pids.
-pub fn run_short_lived(exe: &Path, processes: usize) -> BTreeSet<u32> {
-    let mut pids = BTreeSet::new();
-    for i in 0..processes {
-        let mut child = std::process::Command::new(exe)
-            .args(["burn", "30"])
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", exe.display()));
-        pids.insert(child.id());
-        let status = child.wait().expect("wait for a short-lived process");
-        assert!(status.success(), "short-lived process {i} failed: {status}");
-    }
-    pids
+/// How each short-lived process of [`run_churn`] spends its 10 ms.
+pub const CHURN_MODES: [&[&str]; 3] = [
+    &["burn", "10"],
+    // Three more threads beside the main one.
+    &["threads", "3", "10"],
+    // Two children forked without exec.
+    &["fork", "2", "10"],
+];
+
+/// Runs `processes` short-lived processes, `workers` at a time: each an
+/// exec of the next of `exes` in the next of [`CHURN_MODES`], to its
+/// successful exit. Returns the pids of all of them and of the children they
+/// forked without exec.
+pub fn run_churn(exes: &[std::path::PathBuf], processes: usize, workers: usize) -> BTreeSet<u32> {
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicUsize;
+    let next = AtomicUsize::new(0);
+    let pids = Mutex::new(BTreeSet::new());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= processes {
+                        return;
+                    }
+                    let exe = &exes[i % exes.len()];
+                    let mode = CHURN_MODES[i % CHURN_MODES.len()];
+                    let child = std::process::Command::new(exe)
+                        .args(mode)
+                        .stdin(std::process::Stdio::null())
+                        .stdout(std::process::Stdio::piped())
+                        .spawn()
+                        .unwrap_or_else(|e| panic!("cannot start {}: {e}", exe.display()));
+                    let pid = child.id();
+                    let out = child
+                        .wait_with_output()
+                        .expect("wait for a short-lived process");
+                    assert!(
+                        out.status.success(),
+                        "short-lived process {i} ({} {mode:?}) failed: {}",
+                        exe.display(),
+                        out.status
+                    );
+                    let forked = String::from_utf8_lossy(&out.stdout)
+                        .lines()
+                        .filter_map(|l| l.trim().parse::<u32>().ok())
+                        .collect::<Vec<_>>();
+                    let mut pids = pids.lock().expect("pids");
+                    pids.insert(pid);
+                    pids.extend(forked);
+                }
+            });
+        }
+    });
+    pids.into_inner().expect("pids")
 }
 
 /// The final maps compared with the baseline and the churn.
@@ -272,8 +313,16 @@ pub struct SymbolizedShare {
 }
 
 impl SymbolizedShare {
-    pub fn of(samples: &[DecodedSample], pids: &BTreeSet<u32>, exe: &Path) -> SymbolizedShare {
-        let exe_name = exe.file_name().map(|n| n.to_string_lossy().to_string());
+    pub fn of(
+        samples: &[DecodedSample],
+        pids: &BTreeSet<u32>,
+        exes: &[std::path::PathBuf],
+    ) -> SymbolizedShare {
+        let exe_names: BTreeSet<String> = exes
+            .iter()
+            .filter_map(|e| e.file_name())
+            .map(|n| n.to_string_lossy().to_string())
+            .collect();
         let mut share = SymbolizedShare::default();
         for sample in samples.iter().filter(|s| {
             s.pid
@@ -321,7 +370,7 @@ impl SymbolizedShare {
                     ));
                 }
             }
-            if sample.comm == exe_name {
+            if sample.comm.as_ref().is_some_and(|c| exe_names.contains(c)) {
                 share.named_process += sample.count;
             }
         }
