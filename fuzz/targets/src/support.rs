@@ -1,4 +1,4 @@
-//! Helpers shared by the fuzz targets in `fuzz_targets/`.
+//! Helpers shared by the fuzz targets.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -6,8 +6,20 @@ use std::sync::OnceLock;
 /// A file holding `data`, for entry points that take a path (the config
 /// file, ELF files). One file per target process, rewritten on each call:
 /// in `/dev/shm` when there is one (no disk writes), else the temp dir.
-/// `scripts/fuzz.sh` removes the `icecore-fuzz-*` files after its runs.
+/// `scripts/fuzz.sh` removes the `icecore-fuzz-*` files after its runs,
+/// the replay test calls [`remove_scratch_files`].
 pub fn scratch_file(tag: &str, data: &[u8]) -> PathBuf {
+    let path = scratch_path(tag);
+    if let Err(e) = std::fs::write(&path, data) {
+        // Not the code under test: stop rather than report a crash in it.
+        eprintln!("cannot write the scratch file {}: {e}", path.display());
+        std::process::exit(2);
+    }
+    path
+}
+
+/// Where [`scratch_file`] writes the files tagged `tag` of this process.
+fn scratch_path(tag: &str) -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
         let shm = PathBuf::from("/dev/shm");
@@ -17,14 +29,19 @@ pub fn scratch_file(tag: &str, data: &[u8]) -> PathBuf {
             std::env::temp_dir()
         }
     });
-    let path = dir.join(format!("icecore-fuzz-{tag}-{}", std::process::id()));
-    if let Err(e) = std::fs::write(&path, data) {
-        // Not the code under test: stop rather than report a crash in it.
-        eprintln!("cannot write the scratch file {}: {e}", path.display());
-        std::process::exit(2);
-    }
-    path
+    dir.join(format!("icecore-fuzz-{tag}-{}", std::process::id()))
 }
+
+/// Removes this process's scratch files: the replay test runs inside
+/// `cargo test`, whose process would otherwise leave them in `/dev/shm`.
+pub fn remove_scratch_files() {
+    for tag in SCRATCH_TAGS {
+        let _ = std::fs::remove_file(scratch_path(tag));
+    }
+}
+
+/// Every tag the targets pass to [`scratch_file`].
+const SCRATCH_TAGS: &[&str] = &["config", "elf", "elf-symbols"];
 
 /// Addresses to look up in a table built from fuzz input: around `base`
 /// and at a few points spread over the address space, so that lookups hit
