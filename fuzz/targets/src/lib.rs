@@ -22,6 +22,7 @@ pub mod perf_map;
 pub mod pprof_scrape;
 pub mod proc_maps;
 pub mod relabel;
+pub mod runtime_walk;
 
 pub use support::{probe_addresses, remove_scratch_files, scratch_file};
 
@@ -94,5 +95,10 @@ pub const TARGETS: &[Target] = &[
         name: "gopclntab",
         run: gopclntab::run,
         max_len: 4096,
+    },
+    Target {
+        name: "runtime_walk",
+        run: runtime_walk::run,
+        max_len: 16384,
     },
 ];
