@@ -22,9 +22,10 @@ pub mod perf_map;
 pub mod pprof_scrape;
 pub mod proc_maps;
 pub mod relabel;
+pub mod runtime_objects;
 pub mod runtime_walk;
 
-pub use support::{probe_addresses, remove_scratch_files, scratch_file};
+pub use support::{probe_addresses, remove_scratch_files, scratch_file, scratch_memory};
 
 /// One fuzz target: its name (its `fuzz/corpus/` and `fuzz/regressions/`
 /// directory and its cargo-fuzz binary), its body, and the largest input
@@ -95,6 +96,11 @@ pub const TARGETS: &[Target] = &[
         name: "gopclntab",
         run: gopclntab::run,
         max_len: 4096,
+    },
+    Target {
+        name: "runtime_objects",
+        run: runtime_objects::run,
+        max_len: 16384,
     },
     Target {
         name: "runtime_walk",

@@ -18,6 +18,29 @@ pub fn scratch_file(tag: &str, data: &[u8]) -> PathBuf {
     path
 }
 
+/// A file holding `data` at offset `base`, the rest of it before `base` a
+/// hole (zeros, no memory used): a process's memory with `data` at address
+/// `base`, for `ProcessMemory::from_file`. Reads past its end fail.
+pub fn scratch_memory(tag: &str, base: u64, data: &[u8]) -> std::fs::File {
+    use std::os::unix::fs::FileExt;
+    let path = scratch_path(tag);
+    let written = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .and_then(|file| file.write_all_at(data, base).map(|()| file));
+    match written {
+        Ok(file) => file,
+        Err(e) => {
+            // Not the code under test: stop rather than report a crash in it.
+            eprintln!("cannot write the scratch file {}: {e}", path.display());
+            std::process::exit(2);
+        }
+    }
+}
+
 /// Where [`scratch_file`] writes the files tagged `tag` of this process.
 fn scratch_path(tag: &str) -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -40,8 +63,8 @@ pub fn remove_scratch_files() {
     }
 }
 
-/// Every tag the targets pass to [`scratch_file`].
-const SCRATCH_TAGS: &[&str] = &["config", "elf", "elf-symbols"];
+/// Every tag the targets pass to [`scratch_file`] and [`scratch_memory`].
+const SCRATCH_TAGS: &[&str] = &["config", "elf", "elf-symbols", "memory"];
 
 /// Addresses to look up in a table built from fuzz input: around `base`
 /// and at a few points spread over the address space, so that lookups hit

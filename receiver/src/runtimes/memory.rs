@@ -68,6 +68,14 @@ impl ProcessMemory {
             .map_err(|source| MemoryError::Open { pid, source })
     }
 
+    /// Reads of `file` at offsets equal to addresses: an image of a
+    /// process's memory, so that the object readers can run on bytes that
+    /// did not come from a live process (the `runtime_objects` fuzz target
+    /// writes arbitrary ones) exactly as they run on `/proc/PID/mem`.
+    pub fn from_file(file: File) -> Self {
+        ProcessMemory { file }
+    }
+
     /// Fills `buf` from `address`; a short read is an error.
     pub fn read_exact(&self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
         self.file
