@@ -141,18 +141,24 @@ impl<R: BlockReader> WindowedReader<'_, R> {
         if offset < self.window.bytes && end.wrapping_sub(self.window.base) <= self.window.bytes {
             return;
         }
-        let page = address & !(PAGE_SIZE - 1);
-        if address & 7 != 0 || span > STACK_WINDOW_BYTES as u64 || end > page + PAGE_SIZE {
+        if address & 7 != 0 || span > STACK_WINDOW_BYTES as u64 {
             return;
         }
-        let mut start = end.saturating_sub(STACK_WINDOW_BYTES as u64);
-        if start < page {
-            start = page;
+        // Offsets in the page rather than addresses: `address` is read from
+        // the process (a frame's caller), and in the address space's last
+        // page `page + PAGE_SIZE` and `address + span` overflow (found by
+        // the `runtime_walk` fuzz target: a block longer than the window).
+        let page = address & !(PAGE_SIZE - 1);
+        let end_in_page = (address - page) + span;
+        if end_in_page > PAGE_SIZE {
+            return;
         }
-        let len = end - start;
+        let start_in_page = end_in_page.saturating_sub(STACK_WINDOW_BYTES as u64);
+        let len = end_in_page - start_in_page;
         if len == 0 || len & 7 != 0 {
             return;
         }
+        let start = page + start_in_page;
         if self
             .inner
             .read_block(start, &mut self.window.words, len as u32)
@@ -218,7 +224,8 @@ mod tests {
 
     impl Fake {
         fn word(&self, address: u64) -> Option<u64> {
-            (address >= self.start && address + 8 <= self.end).then_some(address ^ 0xff)
+            let end = address.checked_add(8)?;
+            (address >= self.start && end <= self.end).then_some(address ^ 0xff)
         }
     }
 
@@ -328,6 +335,32 @@ mod tests {
         // Unreadable: no stale window is left.
         reader.prefetch_below(0x60_0000, 80);
         assert_eq!(reader.window.bytes, 0);
+    }
+
+    #[test]
+    fn prefetching_in_the_last_page_of_the_address_space_stays_in_it() {
+        // A frame pointer read from a hostile process: `page + PAGE_SIZE`
+        // and the frame's end overflow there (fuzz/regressions/runtime_walk/).
+        let mut window = StackWindow::new();
+        let last_page = 0u64.wrapping_sub(PAGE_SIZE);
+        let mut reader = WindowedReader::with_block(&mut window, fake(last_page, u64::MAX), 192);
+        for (frame, span) in [
+            (u64::MAX - 7, 8),
+            (u64::MAX - 71, 72),
+            (u64::MAX - 79, 72),
+            (last_page, 72),
+        ] {
+            // The fake asserts that no block is longer than the window.
+            reader.prefetch_below(frame, span);
+        }
+        // A frame ending exactly at the top: copied from its page, which this
+        // fake can read but for its last word.
+        let mut window = StackWindow::new();
+        let mut reader =
+            WindowedReader::with_block(&mut window, fake(last_page, u64::MAX - 7), 192);
+        reader.prefetch_below(u64::MAX - 71, 64);
+        assert_eq!(reader.window.base, u64::MAX - 7 - STACK_WINDOW_BYTES as u64);
+        assert_eq!(reader.window.bytes, STACK_WINDOW_BYTES as u64);
     }
 }
 

@@ -68,6 +68,14 @@ impl ProcessMemory {
             .map_err(|source| MemoryError::Open { pid, source })
     }
 
+    /// Reads of `file` at offsets equal to addresses: an image of a
+    /// process's memory, so that the object readers can run on bytes that
+    /// did not come from a live process (the `runtime_objects` fuzz target
+    /// writes arbitrary ones) exactly as they run on `/proc/PID/mem`.
+    pub fn from_file(file: File) -> Self {
+        ProcessMemory { file }
+    }
+
     /// Fills `buf` from `address`; a short read is an error.
     pub fn read_exact(&self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
         self.file
@@ -107,6 +115,52 @@ impl ProcessMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pointers at the top of the address space, read from a hostile or
+    /// corrupt process: the object readers add field offsets to them, which
+    /// overflowed (panics with overflow checks, found by the
+    /// `runtime_objects` fuzz target, fuzz/regressions/runtime_objects/).
+    /// They must fail or read what the wrapped address holds, not panic.
+    #[test]
+    fn object_readers_survive_pointers_at_the_top_of_the_address_space() {
+        use std::os::unix::fs::FileExt;
+
+        use crate::runtimes::{perl, php, python, ruby};
+
+        const OBJECT: u64 = 0x1000;
+        let file = tempfile::tempfile().unwrap();
+        let top: Vec<u8> = (0..512)
+            .flat_map(|_| (u64::MAX - 7).to_le_bytes())
+            .collect();
+        file.write_all_at(&top, OBJECT).unwrap();
+        let memory = ProcessMemory::from_file(file);
+        assert_eq!(memory.read_u64(OBJECT).unwrap(), u64::MAX - 7);
+        for layout in &perl::layouts::LAYOUTS {
+            let objects = perl::objects::PerlObjects {
+                layout,
+                memory: &memory,
+            };
+            let _ = objects.sub_name(OBJECT);
+            let _ = objects.first_statement(OBJECT);
+            let _ = objects.statement(OBJECT);
+        }
+        for minor in 0..6 {
+            let layout = php::layouts::layout((8, minor)).unwrap();
+            let objects = php::objects::Objects::new(&memory, &layout);
+            let _ = objects.function(OBJECT);
+        }
+        for minor in 1..5 {
+            let layout = ruby::layouts::layout((3, minor)).unwrap();
+            let objects = ruby::objects::Objects::new(&memory, layout).with_symbols(Some(OBJECT));
+            let _ = objects.iseq(OBJECT);
+            let _ = objects.location(OBJECT, OBJECT);
+            let _ = objects.string(OBJECT);
+            let _ = objects.id_name(OBJECT);
+        }
+        for layout in python::layouts::LAYOUTS {
+            let _ = python::code::read_code(&memory, layout, OBJECT, None);
+        }
+    }
 
     #[test]
     fn reads_own_memory_and_refuses_bad_ranges() {

@@ -67,35 +67,44 @@ impl PerlObjects<'_> {
     /// The name of the sub whose CV is at `cv`.
     pub fn sub_name(&self, cv: u64) -> Result<SubName, ObjectError> {
         let l = self.layout;
-        let body = self.pointer(cv + u64::from(l.sv_any), "CV body")?;
-        let flags = self.memory.read_u32(body + u64::from(l.xcv_flags))?;
+        let body = self.pointer(cv.wrapping_add(u64::from(l.sv_any)), "CV body")?;
+        let flags = self
+            .memory
+            .read_u32(body.wrapping_add(u64::from(l.xcv_flags)))?;
         let is_xsub = flags & l.cvf_isxsub != 0;
-        let name_or_gv = self.pointer(body + u64::from(l.xcv_gv), "CV name")?;
+        let name_or_gv = self.pointer(body.wrapping_add(u64::from(l.xcv_gv)), "CV name")?;
         let name = if flags & l.cvf_named != 0 {
             // The sub keeps its name's HEK itself, its package in its stash.
             let name = self.hek(name_or_gv)?;
             if flags & l.cvf_lexical != 0 {
                 name
             } else {
-                let stash = self.memory.read_u64(body + u64::from(l.xcv_stash))?;
+                let stash = self
+                    .memory
+                    .read_u64(body.wrapping_add(u64::from(l.xcv_stash)))?;
                 format!("{}::{name}", self.package(stash))
             }
         } else {
             // A glob's: the one it aliases, if any (`gv_efullname`).
-            let gp = self.memory.read_u64(name_or_gv + u64::from(l.sv_u))?;
+            let gp = self
+                .memory
+                .read_u64(name_or_gv.wrapping_add(u64::from(l.sv_u)))?;
             let effective = if gp == 0 {
                 0
             } else {
-                self.memory.read_u64(gp + u64::from(l.gp_egv))?
+                self.memory.read_u64(gp.wrapping_add(u64::from(l.gp_egv)))?
             };
             let gv = if effective != 0 {
                 effective
             } else {
                 name_or_gv
             };
-            let gv_body = self.pointer(gv + u64::from(l.sv_any), "GV body")?;
-            let name = self.hek(self.pointer(gv_body + u64::from(l.xgv_name_hek), "GV name")?)?;
-            let stash = self.memory.read_u64(gv_body + u64::from(l.xgv_stash))?;
+            let gv_body = self.pointer(gv.wrapping_add(u64::from(l.sv_any)), "GV body")?;
+            let name = self
+                .hek(self.pointer(gv_body.wrapping_add(u64::from(l.xgv_name_hek)), "GV name")?)?;
+            let stash = self
+                .memory
+                .read_u64(gv_body.wrapping_add(u64::from(l.xgv_stash)))?;
             format!("{}::{name}", self.package(stash))
         };
         Ok(SubName { name, is_xsub })
@@ -115,18 +124,22 @@ impl PerlObjects<'_> {
         if hv == 0 {
             return Ok(None);
         }
-        let flags = self.memory.read_u32(hv + u64::from(l.sv_flags))?;
+        let flags = self
+            .memory
+            .read_u32(hv.wrapping_add(u64::from(l.sv_flags)))?;
         if flags & l.hv_has_aux == 0 {
             return Ok(None);
         }
-        let body = self.pointer(hv + u64::from(l.sv_any), "stash body")?;
-        let name = self.memory.read_u64(body + u64::from(l.hv_aux_name))?;
+        let body = self.pointer(hv.wrapping_add(u64::from(l.sv_any)), "stash body")?;
+        let name = self
+            .memory
+            .read_u64(body.wrapping_add(u64::from(l.hv_aux_name)))?;
         if name == 0 {
             return Ok(None);
         }
         let count = self
             .memory
-            .read_u32(body + u64::from(l.hv_aux_name_count))?;
+            .read_u32(body.wrapping_add(u64::from(l.hv_aux_name_count)))?;
         // With several names (a renamed package), the first is the name.
         let hek = if count != 0 {
             self.pointer(name, "stash name")?
@@ -139,10 +152,17 @@ impl PerlObjects<'_> {
     /// The key of the HEK at `hek`.
     fn hek(&self, hek: u64) -> Result<String, ObjectError> {
         let l = self.layout;
-        let len = u64::from(self.memory.read_u32(hek + u64::from(l.hek_len))?);
+        let len = u64::from(
+            self.memory
+                .read_u32(hek.wrapping_add(u64::from(l.hek_len)))?,
+        );
         let bytes = self
             .memory
-            .read_vec(hek + u64::from(l.hek_key), len, MAX_STRING_BYTES)
+            .read_vec(
+                hek.wrapping_add(u64::from(l.hek_key)),
+                len,
+                MAX_STRING_BYTES,
+            )
             .map_err(|e| match e {
                 MemoryError::TooLarge(n) => ObjectError::TooLong("name", n),
                 e => ObjectError::Memory(e),
@@ -153,8 +173,10 @@ impl PerlObjects<'_> {
     /// The file and line of the COP at `cop`.
     pub fn statement(&self, cop: u64) -> Result<Statement, ObjectError> {
         let l = self.layout;
-        let line = self.memory.read_u32(cop + u64::from(l.cop_line))?;
-        let file = self.pointer(cop + u64::from(l.cop_file), "COP file")?;
+        let line = self
+            .memory
+            .read_u32(cop.wrapping_add(u64::from(l.cop_line)))?;
+        let file = self.pointer(cop.wrapping_add(u64::from(l.cop_file)), "COP file")?;
         Ok(Statement {
             file: self.c_string(file)?,
             line,
@@ -165,14 +187,17 @@ impl PerlObjects<'_> {
     /// just entered is.
     pub fn first_statement(&self, cv: u64) -> Result<Statement, ObjectError> {
         let l = self.layout;
-        let body = self.pointer(cv + u64::from(l.sv_any), "CV body")?;
-        let mut op = self.pointer(body + u64::from(l.xcv_start), "CV start")?;
+        let body = self.pointer(cv.wrapping_add(u64::from(l.sv_any)), "CV body")?;
+        let mut op = self.pointer(body.wrapping_add(u64::from(l.xcv_start)), "CV start")?;
         for _ in 0..MAX_OPS_TO_FIRST_STATEMENT {
-            let kind = self.memory.read_u32(op + u64::from(l.op_type))? as u16 & 0x1ff;
+            let kind = self
+                .memory
+                .read_u32(op.wrapping_add(u64::from(l.op_type)))? as u16
+                & 0x1ff;
             if kind == l.op_nextstate || kind == l.op_dbstate {
                 return self.statement(op);
             }
-            op = self.pointer(op + u64::from(l.op_next), "next op")?;
+            op = self.pointer(op.wrapping_add(u64::from(l.op_next)), "next op")?;
         }
         Err(ObjectError::Null("first statement"))
     }

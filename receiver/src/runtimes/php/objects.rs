@@ -185,7 +185,10 @@ impl<'a> Objects<'a> {
         let class = match fingerprint.scope {
             0 => None,
             scope => {
-                let name = self.memory.read_u64(scope + u64::from(l.class_name)).ok()?;
+                let name = self
+                    .memory
+                    .read_u64(scope.wrapping_add(u64::from(l.class_name)))
+                    .ok()?;
                 Some(self.string(name)?)
             }
         };
@@ -230,13 +233,16 @@ impl<'a> Objects<'a> {
         if at == 0 || !at.is_multiple_of(8) {
             return None;
         }
-        let len = self.memory.read_u64(at + u64::from(l.str_len)).ok()?;
+        let len = self
+            .memory
+            .read_u64(at.wrapping_add(u64::from(l.str_len)))
+            .ok()?;
         if len > MAX_STRING {
             return None;
         }
         let bytes = self
             .memory
-            .read_vec(at + u64::from(l.str_val), len, MAX_STRING)
+            .read_vec(at.wrapping_add(u64::from(l.str_val)), len, MAX_STRING)
             .ok()?;
         String::from_utf8(bytes).ok()
     }

@@ -111,12 +111,11 @@ pub fn read_string(
         return Err(CodeError::BadString(address));
     }
     let chars = length.min(MAX_STRING_CHARS);
-    let data = address
-        + u64::from(if ascii {
-            layout.unicode_ascii_data
-        } else {
-            layout.unicode_compact_data
-        });
+    let data = address.wrapping_add(u64::from(if ascii {
+        layout.unicode_ascii_data
+    } else {
+        layout.unicode_compact_data
+    }));
     let width = u64::from(kind);
     if !matches!(kind, 1 | 2 | 4) {
         return Err(CodeError::BadString(address));
@@ -148,9 +147,9 @@ pub fn read_bytes(
     layout: &PythonLayout,
     address: u64,
 ) -> Result<Vec<u8>, CodeError> {
-    let size = memory.read_u64(address + u64::from(layout.bytes_size))?;
+    let size = memory.read_u64(address.wrapping_add(u64::from(layout.bytes_size)))?;
     Ok(memory.read_vec(
-        address + u64::from(layout.bytes_data),
+        address.wrapping_add(u64::from(layout.bytes_data)),
         size,
         MAX_LINE_TABLE_BYTES,
     )?)

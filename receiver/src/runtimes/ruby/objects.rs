@@ -104,13 +104,13 @@ impl<'a> Objects<'a> {
         }
         let (elements, len) = if flags & flags::ARRAY_EMBED != 0 {
             (
-                value + ARRAY_EMBEDDED,
+                value.wrapping_add(ARRAY_EMBEDDED),
                 (flags >> ARRAY_EMBED_LEN_SHIFT) & ARRAY_EMBED_LEN_MASK,
             )
         } else {
             (
-                self.word(value + ARRAY_HEAP_PTR)?,
-                self.word(value + ARRAY_HEAP_LEN)?,
+                self.word(value.wrapping_add(ARRAY_HEAP_PTR))?,
+                self.word(value.wrapping_add(ARRAY_HEAP_LEN))?,
             )
         };
         (index < len).then_some(())?;
@@ -130,7 +130,7 @@ impl<'a> Objects<'a> {
         if serial == 0 || serial > last {
             return None;
         }
-        let ids = self.word(table + GLOBAL_SYMBOLS_IDS)?;
+        let ids = self.word(table.wrapping_add(GLOBAL_SYMBOLS_IDS))?;
         let chunk = self.array_entry(ids, serial / IDS_PER_CHUNK)?;
         let string = self.array_entry(chunk, (serial % IDS_PER_CHUNK) * ID_ENTRY_WORDS)?;
         self.string(string)
@@ -144,18 +144,18 @@ impl<'a> Objects<'a> {
         }
         let (bytes_at, len) = if flags & flags::STRING_NOEMBED != 0 {
             (
-                self.word(value + STRING_HEAP_PTR)?,
-                self.word(value + STRING_LEN)?,
+                self.word(value.wrapping_add(STRING_HEAP_PTR))?,
+                self.word(value.wrapping_add(STRING_LEN))?,
             )
         } else if self.layout.string_embedded_len_in_flags {
             (
-                value + self.layout.string_embedded_bytes,
+                value.wrapping_add(self.layout.string_embedded_bytes),
                 (flags & flags::STRING_EMBED_LEN_MASK_3_1) >> flags::STRING_EMBED_LEN_SHIFT_3_1,
             )
         } else {
             (
-                value + self.layout.string_embedded_bytes,
-                self.word(value + STRING_LEN)?,
+                value.wrapping_add(self.layout.string_embedded_bytes),
+                self.word(value.wrapping_add(STRING_LEN))?,
             )
         };
         let bytes = self
@@ -195,20 +195,22 @@ impl<'a> Objects<'a> {
         if flags & flags::TYPE_MASK != flags::T_IMEMO {
             return None;
         }
-        let body = self.word(iseq + l.iseq_body)?;
+        let body = self.word(iseq.wrapping_add(l.iseq_body))?;
         if body == 0 {
             return None;
         }
-        let label = self.string(self.word(body + l.body_label)?)?;
-        let path = self.path(self.word(body + l.body_pathobj)?)?;
-        let first_line = self.word(body + l.body_first_lineno).map_or(0, |v| {
-            if l.first_lineno_is_value {
-                (v >> 1) as u32
-            } else {
-                v as u32
-            }
-        });
-        let local_iseq = self.word(body + l.body_local_iseq).unwrap_or(0);
+        let label = self.string(self.word(body.wrapping_add(l.body_label))?)?;
+        let path = self.path(self.word(body.wrapping_add(l.body_pathobj))?)?;
+        let first_line = self
+            .word(body.wrapping_add(l.body_first_lineno))
+            .map_or(0, |v| {
+                if l.first_lineno_is_value {
+                    (v >> 1) as u32
+                } else {
+                    v as u32
+                }
+            });
+        let local_iseq = self.word(body.wrapping_add(l.body_local_iseq)).unwrap_or(0);
         Some(IseqInfo {
             body,
             label,
@@ -222,8 +224,12 @@ impl<'a> Objects<'a> {
     /// computes it (the succinct index; release builds free `positions`).
     pub fn line(&self, body: u64, pc: u64) -> Option<u32> {
         let l = &self.layout;
-        let encoded = self.word(body + l.body_iseq_encoded)?;
-        let words = u64::from(self.memory.read_u32(body + l.body_iseq_size).ok()?);
+        let encoded = self.word(body.wrapping_add(l.body_iseq_encoded))?;
+        let words = u64::from(
+            self.memory
+                .read_u32(body.wrapping_add(l.body_iseq_size))
+                .ok()?,
+        );
         let n = pc.checked_sub(encoded)? / 8;
         if n > words {
             // A stale pc (a JIT's top frame): not this iseq's.
@@ -231,13 +237,16 @@ impl<'a> Objects<'a> {
         }
         // The pc points after the instruction running.
         let pos = n.saturating_sub(1);
-        let size = self.memory.read_u32(body + l.body_insns_info_size).ok()?;
-        let entries = self.word(body + l.body_insns_info)?;
+        let size = self
+            .memory
+            .read_u32(body.wrapping_add(l.body_insns_info_size))
+            .ok()?;
+        let entries = self.word(body.wrapping_add(l.body_insns_info))?;
         let index = match size {
             0 => return None,
             1 => 1,
             2..=MAX_INSNS_INFO => {
-                self.succ_index(self.word(body + l.body_succ_index_table)?, pos)?
+                self.succ_index(self.word(body.wrapping_add(l.body_succ_index_table))?, pos)?
             }
             _ => return None,
         };
@@ -246,7 +255,7 @@ impl<'a> Objects<'a> {
         }
         let line = self
             .memory
-            .read_u32(entries + (index - 1) * INSN_INFO_ENTRY)
+            .read_u32(entries.wrapping_add((index - 1) * INSN_INFO_ENTRY))
             .ok()?;
         Some(line)
     }
@@ -255,16 +264,17 @@ impl<'a> Objects<'a> {
     /// bit vector at `table`: the 1-based line-table entry of `pos`.
     fn succ_index(&self, table: u64, pos: u64) -> Option<u64> {
         if pos < IMMEDIATE_POSITIONS {
-            let word = self.word(table + (pos / 9) * 8)?;
+            let word = self.word(table.wrapping_add((pos / 9) * 8))?;
             return Some((word >> ((pos % 9) * 7)) & 0x7f);
         }
         let pos = pos - IMMEDIATE_POSITIONS;
-        let block = table + SUCC_BLOCKS_AT + (pos / SUCC_BLOCK_POSITIONS) * SUCC_BLOCK_BYTES;
+        let block =
+            table.wrapping_add(SUCC_BLOCKS_AT + (pos / SUCC_BLOCK_POSITIONS) * SUCC_BLOCK_BYTES);
         let in_block = pos % SUCC_BLOCK_POSITIONS;
         let small = in_block / 64;
         let rank = u64::from(self.memory.read_u32(block).ok()?);
-        let small_ranks = self.word(block + 8)?;
-        let bits = self.word(block + 16 + small * 8)?;
+        let small_ranks = self.word(block.wrapping_add(8))?;
+        let bits = self.word(block.wrapping_add(16 + small * 8))?;
         let small_rank = if small == 0 {
             0
         } else {

@@ -1,0 +1,5 @@
+//! `icecore_fuzz_targets::runtime_objects` (see there); the main workspace's tests
+//! replay its corpus through the same function.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| icecore_fuzz_targets::runtime_objects::run(data));
