@@ -691,8 +691,9 @@ fn perl_seed() -> Vec<u8> {
         context_size: CX as u16,
         cx_oldcop: 16,
         cx_sub_cv: 72,
+        si_cxsubix: 40,
         context_kind: context_kind::STATIC_TLS,
-        reserved: [0; 3],
+        reserved: 0,
     };
     let mut m = Seed::default();
     let fs_base = BASE + 0x100;
@@ -705,6 +706,8 @@ fn perl_seed() -> Vec<u8> {
         m.put(si + 8, BASE + contexts);
         m.put(si + 16, if prev == 0 { 0 } else { BASE + prev });
         m.put(si + 32, u64::from(newest as u32) | (64 << 32));
+        // Every context pushed completely (si_cxsubix).
+        m.put(si + 40, u64::from(newest as u32) | (1 << 32));
     };
     stackinfo(&mut m, main_si, main_cxs, 5, 0);
     stackinfo(&mut m, sort_si, sort_cxs, 1, main_si);
