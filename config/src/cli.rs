@@ -412,7 +412,7 @@ impl Cli {
         let export_queue_bytes = check(
             "export-queue-bytes",
             self.export_queue_bytes.as_deref(),
-            validate::memory_size,
+            validate::queue_bound,
         )?;
         let pprof_dir = match &self.pprof_dir {
             Some(dir) => Some(

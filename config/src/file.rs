@@ -264,8 +264,8 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         )?,
         export_queue_bytes: reader.integer(
             "export_queue_bytes",
-            validate::memory_size,
-            validate::memory_size_number,
+            validate::queue_bound,
+            validate::queue_bound_number,
         )?,
         sampling_frequency_hz: reader.integer(
             "sampling_frequency",

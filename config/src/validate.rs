@@ -44,6 +44,8 @@ pub(crate) const EXPECTED_MEMORY_SIZE: &str =
     "a size in bytes up to 16GiB, like 64MiB, 512KiB or 0 (a plain number is bytes)";
 pub(crate) const EXPECTED_MEMORY_BUDGET: &str =
     "a size from 1MiB to 16GiB, like 128MiB or 1GiB (a plain number is bytes)";
+pub(crate) const EXPECTED_QUEUE_BOUND: &str =
+    "a size from 1 byte to 16GiB, like 320MiB or 64KiB (a plain number is bytes)";
 pub(crate) const EXPECTED_FILE_COUNT: &str = "a number of files from 0 (no limit) to 100000000";
 pub(crate) const EXPECTED_RUNTIMES: &str =
     "`all`, `none`, or a comma-separated list of cpython, cruby, hotspot, v8, php, perl, perf-map";
@@ -370,6 +372,31 @@ pub(crate) fn memory_budget_number(bytes: u64) -> Result<u64, Invalid> {
         return Err(Invalid::new(EXPECTED_MEMORY_BUDGET));
     }
     Ok(bytes)
+}
+
+/// Parses an export queue's bound: a memory size above 0 (a queue of 0
+/// bytes would drop every request it is handed).
+pub(crate) fn queue_bound(text: &str) -> Result<u64, Invalid> {
+    memory_size(text)
+        .map_err(|e| Invalid {
+            expected: EXPECTED_QUEUE_BOUND,
+            detail: e.detail,
+        })
+        .and_then(queue_bound_number)
+}
+
+/// Checks an export queue's bound given as a number of bytes.
+pub(crate) fn queue_bound_number(bytes: u64) -> Result<u64, Invalid> {
+    if bytes == 0 {
+        return Err(Invalid::because(
+            EXPECTED_QUEUE_BOUND,
+            "0 would drop every request",
+        ));
+    }
+    memory_size_number(bytes).map_err(|e| Invalid {
+        expected: EXPECTED_QUEUE_BOUND,
+        detail: e.detail,
+    })
 }
 
 /// Parses a file count (0: no limit).

@@ -166,4 +166,10 @@ fn export_queue_bound() {
         message.starts_with("invalid --export-queue-bytes \"lots\""),
         "{message}"
     );
+    // A queue of nothing would drop every request.
+    let message = err(&["--export-queue-bytes", "0"]);
+    assert!(message.contains("0 would drop every request"), "{message}");
+    let file = yaml("export_queue_bytes: 0\n");
+    let message = err(&["--config", file.path().to_str().unwrap()]);
+    assert!(message.contains("export_queue_bytes"), "{message}");
 }
