@@ -69,8 +69,10 @@ metrics_port=$((40000 + RANDOM % 20000))
 agent=$!
 pids+=("$agent")
 
+# awk reads all of curl's output: leaving early would fail curl (exit 23,
+# a write error), and with pipefail the whole script.
 metric() {
-  curl -s "http://127.0.0.1:$metrics_port/metrics" | awk -v name="$1" '$1 == name { print $2; exit }'
+  curl -s "http://127.0.0.1:$metrics_port/metrics" | awk -v name="$1" '$1 == name && !done { print $2; done = 1 }'
 }
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$agent/stat"; }
 hz=$(getconf CLK_TCK)
