@@ -165,8 +165,15 @@ fn every_php_matches_its_split_and_excimer() {
     let received = run.otlp_of(pids[0]);
 
     println!(
-        "{TEST}: {:<36} {:>7} {:>7} {:>20} {:>20} {:>9} {:>9}",
-        "php", "samples", "in_php", "icecore a/b/g %", "excimer a/b/g %", "excimer_n", "ordered"
+        "{TEST}: {:<36} {:>7} {:>7} {:>20} {:>20} {:>9} {:>9} {:>13}",
+        "php",
+        "samples",
+        "in_php",
+        "icecore a/b/g %",
+        "excimer a/b/g %",
+        "excimer_n",
+        "ordered",
+        "other threads"
     );
     let mut failures = Vec::new();
     for ((php, _, out, from), &pid) in fixtures.iter().zip(&pids) {
@@ -206,9 +213,14 @@ fn every_php_matches_its_split_and_excimer() {
                     .all(|w| matches!(w, [Some(a), Some(b)] if a < b))
         });
         let gamma_n: u64 = through_gamma.iter().map(|s| s.count).sum();
+        // Excimer's timer threads run no PHP: the main thread's frames on
+        // them (an NTS build's globals are the process's) would be wrong.
+        let other_thread = |s: &DecodedSample| s.thread_id.is_some_and(|t| t != i64::from(pid));
+        let others = count_where(&samples, other_thread);
+        let others_in_php = count_where(&samples, |s| other_thread(s) && s.contains("split_main"));
         let fmt = |s: [f64; 3]| format!("{:.1}/{:.1}/{:.1}", s[0], s[1], s[2]);
         println!(
-            "{TEST}: {label:<36} {all:>7} {in_php:>6.1}% {:>20} {:>20} {excimer_n:>9} {ordered:>4}/{gamma_n}",
+            "{TEST}: {label:<36} {all:>7} {in_php:>6.1}% {:>20} {:>20} {excimer_n:>9} {ordered:>4}/{gamma_n} {others:>13}",
             fmt(shares),
             if excimer.is_some() {
                 fmt(excimer_shares)
@@ -216,6 +228,12 @@ fn every_php_matches_its_split_and_excimer() {
                 "-".into()
             },
         );
+        if others_in_php != 0 {
+            failures.push(format!(
+                "{label}: {others_in_php} of {others} samples of threads other than the main one \
+                 have the script's PHP frames"
+            ));
+        }
         if n < 300 {
             failures.push(format!("{label}: only {n} samples in leaf"));
         }

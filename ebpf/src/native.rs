@@ -334,7 +334,7 @@ pub fn unwind<C: Chain, const RESUMABLE: bool>(ctx: &C) -> u32 {
     scratch.state.native_done = 1;
     let program = after_native_walk(
         scratch.state.deferred_program,
-        mappings.map_or(0, |m| m.deferred_program),
+        mappings.map_or(0, |m| m.early_end_program(scratch.record.header.tid)),
         complete,
     );
     if program != 0 && !crate::runtimes::hand_to(ctx, scratch, program) {

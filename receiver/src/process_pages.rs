@@ -91,7 +91,7 @@ impl ProcessPages {
             let before = seq.load(Ordering::Relaxed);
             seq.store(before.wrapping_add(1) | 1, Ordering::Relaxed);
             fence(Ordering::Release);
-            (&raw mut (*dst).reserved_header).write_volatile(0);
+            (&raw mut (*dst).deferred_threads).write_volatile(table.deferred_threads);
             (&raw mut (*dst).count).write_volatile(table.count.min(MAX_PROCESS_MAPPINGS as u32));
             (&raw mut (*dst).reserved).write_volatile(0);
             (&raw mut (*dst).deferred_program).write_volatile(table.deferred_program);

@@ -265,6 +265,7 @@ impl NativeUnwindInfo {
         }
         let mut table = ProcessMappingTable {
             deferred_program: runtimes.deferred_program,
+            deferred_threads: runtimes.deferred_threads as u32,
             ..Default::default()
         };
         let mut entries = Vec::new();

@@ -38,7 +38,7 @@ pub mod v8;
 use std::{collections::HashMap, sync::Arc};
 
 use icecore_otlp::model::Frame;
-use icecore_unwinders::{Dispatch, runtime::tag_of};
+use icecore_unwinders::{Dispatch, native::EarlyEndThreads, runtime::tag_of};
 
 pub use self::registry::{RUNTIMES, RuntimeDescriptor};
 use crate::process_maps::ProcessMappings;
@@ -73,10 +73,10 @@ pub struct RuntimeCode {
 pub struct Attachment {
     /// Address ranges the runtime's BPF program unwinds.
     pub code: Vec<RuntimeCode>,
-    /// Whether the runtime's program also runs when the native walk ends
-    /// before reaching its code (an interpreter whose frames are found from
-    /// its own state).
-    pub walk_after_early_end: bool,
+    /// For which threads the runtime's program also runs when the native
+    /// walk ends before reaching its code (an interpreter whose frames are
+    /// found from its own state); `None` for no thread.
+    pub walk_after_early_end: Option<EarlyEndThreads>,
     /// Whether the plugin names code in anonymous executable mappings
     /// ([`RuntimePlugin::jit_frame`]).
     pub names_anonymous_code: bool,
@@ -137,6 +137,8 @@ pub struct ProcessRuntimes {
     pub code: Vec<(RuntimeCode, u8)>,
     /// The program to run when the native walk ends early; 0 for none.
     pub deferred_program: u32,
+    /// The threads it runs for.
+    pub deferred_threads: EarlyEndThreads,
 }
 
 /// Every enabled plugin, and which ones claimed each process.
@@ -171,8 +173,11 @@ impl Runtimes {
             let program = bpf.program as u8;
             out.code
                 .extend(attachment.code.iter().map(|&code| (code, program)));
-            if attachment.walk_after_early_end && out.deferred_program == 0 {
+            if let Some(threads) = attachment.walk_after_early_end
+                && out.deferred_program == 0
+            {
                 out.deferred_program = u32::from(program);
+                out.deferred_threads = threads;
             }
         }
         if claimed.is_empty() {

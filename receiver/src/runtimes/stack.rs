@@ -206,7 +206,7 @@ mod tests {
                     end: 0xf0,
                     dispatch: Dispatch::Deferred,
                 }],
-                walk_after_early_end: true,
+                walk_after_early_end: Some(icecore_unwinders::native::EarlyEndThreads::Every),
                 names_anonymous_code: false,
             })
         }

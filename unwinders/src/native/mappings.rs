@@ -55,8 +55,9 @@ pub struct MappingEntry {
 pub struct ProcessMappingTable {
     /// Sequence lock: odd while user space writes the table.
     pub seq: u32,
-    /// Zero.
-    pub reserved_header: u32,
+    /// Which threads [`deferred_program`](Self::deferred_program) runs for
+    /// (a [`EarlyEndThreads`] value).
+    pub deferred_threads: u32,
     /// Entries in use.
     pub count: u32,
     /// Zero. BPF starts its table searches from it (see `find_row`).
@@ -80,7 +81,7 @@ impl Default for ProcessMappingTable {
     fn default() -> Self {
         ProcessMappingTable {
             seq: 0,
-            reserved_header: 0,
+            deferred_threads: EarlyEndThreads::Every as u32,
             count: 0,
             reserved: 0,
             pid: 0,
@@ -90,7 +91,35 @@ impl Default for ProcessMappingTable {
     }
 }
 
+/// The threads of a process whose samples run its
+/// [`deferred_program`](ProcessMappingTable::deferred_program) when their
+/// native walk ends early.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EarlyEndThreads {
+    /// Every thread: the runtime finds the sampled thread's own state (from
+    /// its thread pointer), and a thread running none of it has none.
+    #[default]
+    Every = 0,
+    /// Only the main thread (thread id = process id): the runtime's state
+    /// is the process's (an NTS PHP's executor globals, a Perl built without
+    /// threads), so on any other thread it would be the running
+    /// interpreter's stack, not the sampled thread's.
+    Main = 1,
+}
+
 impl ProcessMappingTable {
+    /// The deferred program to run for a sample of thread `tid` whose
+    /// native walk ended early; 0 for none.
+    #[inline(always)]
+    pub fn early_end_program(&self, tid: u32) -> u32 {
+        if self.deferred_threads == EarlyEndThreads::Main as u32 && tid != self.pid {
+            0
+        } else {
+            self.deferred_program
+        }
+    }
+
     /// The entry containing `pc`, if any.
     #[inline(always)]
     pub fn find(&self, pc: u64) -> Option<&MappingEntry> {
@@ -232,5 +261,25 @@ mod tests {
         let mut bad = t;
         bad.count = MAX_PROCESS_MAPPINGS as u32 + 1;
         assert_eq!(bad.find(0), None);
+    }
+
+    #[test]
+    fn a_process_wide_runtime_runs_after_an_early_end_on_the_main_thread_only() {
+        let mut t = table(&[]);
+        t.pid = 100;
+        t.deferred_program = 7;
+        assert_eq!(t.early_end_program(100), 7);
+        assert_eq!(
+            t.early_end_program(101),
+            7,
+            "per-thread state: every thread"
+        );
+        t.deferred_threads = EarlyEndThreads::Main as u32;
+        assert_eq!(t.early_end_program(100), 7);
+        assert_eq!(
+            t.early_end_program(101),
+            0,
+            "another thread would get the main's stack"
+        );
     }
 }

@@ -9,7 +9,9 @@ pub mod row_cache;
 pub use chunks::{ChunkLayout, UnwindChunk, find_row};
 pub use dwarf::{CfaRule, RbpRule, UnwindRow, dwarf_step};
 pub use frame_pointer::frame_pointer_step;
-pub use mappings::{MappingEntry, ProcessMappingTable, ProcessSlotCache, ProcessSlotEntry};
+pub use mappings::{
+    EarlyEndThreads, MappingEntry, ProcessMappingTable, ProcessSlotCache, ProcessSlotEntry,
+};
 pub use row_cache::{ROW_CACHE_ENTRIES, RowCache, RowCacheEntry};
 
 /// The registers an x86-64 unwind step needs.

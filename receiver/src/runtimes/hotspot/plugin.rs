@@ -97,7 +97,7 @@ impl JvmInstance {
         });
         Attachment {
             code,
-            walk_after_early_end: false,
+            walk_after_early_end: None,
             names_anonymous_code: false,
         }
     }

@@ -183,7 +183,7 @@ impl RuntimePlugin for PerfMapPlugin {
         process.refresh(pid);
         Some(Attachment {
             code: Vec::new(),
-            walk_after_early_end: false,
+            walk_after_early_end: None,
             names_anonymous_code: true,
         })
     }

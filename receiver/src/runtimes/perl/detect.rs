@@ -14,7 +14,10 @@
 
 use std::{ops::Range, path::Path};
 
-use icecore_unwinders::perl::{PerlProcess, context_kind};
+use icecore_unwinders::{
+    native::EarlyEndThreads,
+    perl::{PerlProcess, context_kind},
+};
 use object::{Object, ObjectSymbol, RelocationFlags, RelocationTarget, SymbolKind};
 
 use super::layouts::{PerlLayout, SUPPORTED, layout};
@@ -183,6 +186,16 @@ fn module_got_slot<'a, R: object::ReadRef<'a>>(
 }
 
 impl PerlBinary {
+    /// The threads whose samples may take Perl frames when their native
+    /// walk ends early: a process-wide interpreter (no thread-local one)
+    /// is the main thread's; any other thread would be given its stack.
+    pub fn early_end_threads(&self) -> EarlyEndThreads {
+        match self.interpreter {
+            Interpreter::Global(_) => EarlyEndThreads::Main,
+            Interpreter::ExecutableTls(_) | Interpreter::LibraryTls(_) => EarlyEndThreads::Every,
+        }
+    }
+
     /// What BPF needs to find a thread's interpreter in a process that
     /// maps this file at `bias`; `read_u64` reads the process (a library's
     /// GOT pair). `None` when the pair is not filled in.

@@ -150,7 +150,7 @@ fn attachment(process: &Interpreter<PerlBinary, ()>) -> Attachment {
         code,
         // An XS module without unwind information ends the native walk
         // early: the Perl frames below it are still walked.
-        walk_after_early_end: true,
+        walk_after_early_end: Some(process.binary.early_end_threads()),
         names_anonymous_code: false,
     }
 }

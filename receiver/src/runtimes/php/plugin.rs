@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 use icecore_otlp::model::{Frame, FrameKind, Line};
 use icecore_unwinders::{
     Dispatch,
+    native::EarlyEndThreads,
     php::{PhpProcess, TAGS, globals_kind, word},
     runtime::PAYLOAD_MASK,
 };
@@ -118,9 +119,16 @@ fn attachment(process: &PhpInstance) -> Attachment {
         })
         .collect();
     code.extend(&process.extra);
+    // An NTS build's executor globals are the process's: on a thread other
+    // than the main one (a timer thread of an extension) they hold the
+    // main thread's PHP stack, not the sampled thread's.
+    let threads = match process.binary.globals {
+        Globals::Global(_) => EarlyEndThreads::Main,
+        Globals::Tsrm { .. } => EarlyEndThreads::Every,
+    };
     Attachment {
         code,
-        walk_after_early_end: true,
+        walk_after_early_end: Some(threads),
         names_anonymous_code: false,
     }
 }

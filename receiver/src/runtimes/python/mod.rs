@@ -24,6 +24,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use icecore_otlp::model::{Frame, FrameKind, Line};
 use icecore_unwinders::{
     Dispatch,
+    native::EarlyEndThreads,
     python::{CPYTHON, NO_OFFSET, PythonProcess, entry_kind, word},
     runtime::PAYLOAD_MASK,
 };
@@ -290,7 +291,7 @@ fn attachment(instance: &PythonInstance) -> Attachment {
                 dispatch: Dispatch::Deferred,
             })
             .collect(),
-        walk_after_early_end: true,
+        walk_after_early_end: Some(EarlyEndThreads::Every),
         names_anonymous_code: false,
     }
 }

@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 use icecore_otlp::model::{Frame, FrameKind, Line};
 use icecore_unwinders::{
     Dispatch,
+    native::EarlyEndThreads,
     ruby::{RubyProcess, TAGS, word},
     runtime::PAYLOAD_MASK,
 };
@@ -133,7 +134,7 @@ fn attachment(process: &Interpreter<RubyBinary, ()>) -> Attachment {
                 dispatch: Dispatch::Deferred,
             })
             .collect(),
-        walk_after_early_end: true,
+        walk_after_early_end: Some(EarlyEndThreads::Every),
         names_anonymous_code: false,
     }
 }

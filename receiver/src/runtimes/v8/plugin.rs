@@ -114,7 +114,7 @@ impl V8Instance {
             .collect();
         Attachment {
             code,
-            walk_after_early_end: false,
+            walk_after_early_end: None,
             names_anonymous_code: false,
         }
     }
