@@ -177,10 +177,10 @@ pub fn spawn_fixture(
             for entry in std::fs::read_dir(classes).expect("the compiled classes") {
                 let path = entry.expect("a class file").path();
                 if let Some(name) = path.file_name() {
-                    std::fs::copy(&path, staged.join(name)).expect("stage a class");
+                    super::stage_file(&path, &staged.join(name));
                 }
             }
-            std::fs::copy(&settings, staged.join("settings.jfc")).expect("stage the settings");
+            super::stage_file(&settings, &staged.join("settings.jfc"));
             let mut command = Command::new("chroot");
             command.arg(root).arg(&jdk.java);
             (

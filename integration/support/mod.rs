@@ -396,3 +396,21 @@ impl Drop for Icecore {
         }
     }
 }
+
+/// Copies `from` to `to` unless `to` has its content already, through a
+/// rename: fixtures started one after another stage the same files (in a
+/// chroot) while the ones started before them read them, and a copy in
+/// place would truncate a file under a running JVM or PHP (which then
+/// fails with a `ClassFormatError` or a parse error).
+pub fn stage_file(from: &Path, to: &Path) {
+    let content = std::fs::read(from).unwrap_or_else(|e| panic!("read {}: {e}", from.display()));
+    if std::fs::read(to).is_ok_and(|staged| staged == content) {
+        return;
+    }
+    static STAGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = STAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let partial = to.with_extension(format!("partial-{}-{n}", std::process::id()));
+    std::fs::write(&partial, &content)
+        .unwrap_or_else(|e| panic!("write {}: {e}", partial.display()));
+    std::fs::rename(&partial, to).unwrap_or_else(|e| panic!("stage {}: {e}", to.display()));
+}

@@ -83,9 +83,10 @@ pub fn fixture_in(perl: &Perl) -> PathBuf {
     match &perl.root {
         Some(root) => {
             let inside = Path::new("/tmp/icecore_perl_split.pl");
-            let copy = root.join(inside.strip_prefix("/").unwrap_or(inside));
-            std::fs::copy(fixture_script(), &copy)
-                .unwrap_or_else(|e| panic!("copy the fixture to {}: {e}", copy.display()));
+            super::stage_file(
+                &fixture_script(),
+                &root.join(inside.strip_prefix("/").unwrap_or(inside)),
+            );
             inside.to_path_buf()
         }
         None => fixture_script(),

@@ -104,11 +104,16 @@ pub fn interpreters() -> Vec<Php> {
             ) {
                 continue;
             }
-            let excimer = php
-                .command(&php.cli())
-                .args(["-r", "echo extension_loaded('excimer') ? 'yes' : 'no';"])
-                .output()
-                .is_ok_and(|o| o.stdout == b"yes");
+            // php-excimer crashes 8.2's tracing JIT now and then (SIGSEGV
+            // or SIGABRT in 2 of 24 runs of 20 s, with no profiler beside
+            // it; 8.2 without JIT, 8.4 and 8.5 with it ran 16 each clean):
+            // that row is checked against the built-in split alone.
+            let excimer = !(minor == 2 && jit)
+                && php
+                    .command(&php.cli())
+                    .args(["-r", "echo extension_loaded('excimer') ? 'yes' : 'no';"])
+                    .output()
+                    .is_ok_and(|o| o.stdout == b"yes");
             found.push(Php { excimer, ..php });
         }
     }
@@ -151,9 +156,7 @@ pub fn fixture_in(php: &Php) -> PathBuf {
     match &php.root {
         Some(_) => {
             let inside = PathBuf::from("/tmp/icecore_php_split.php");
-            let copy = php.host_path(&inside);
-            std::fs::copy(fixture_script(), &copy)
-                .unwrap_or_else(|e| panic!("copy the fixture to {}: {e}", copy.display()));
+            super::stage_file(&fixture_script(), &php.host_path(&inside));
             inside
         }
         None => fixture_script(),

@@ -119,9 +119,10 @@ pub fn spawn_fixture(interpreter: &Interpreter, mode: &str, seconds: u32) -> Chi
     let mut command = match &interpreter.root {
         Some(root) => {
             let inside = Path::new("/tmp/icecore_python_split.py");
-            let copy = root.join(inside.strip_prefix("/").unwrap_or(inside));
-            std::fs::copy(fixture_script(), &copy)
-                .unwrap_or_else(|e| panic!("copy the fixture to {}: {e}", copy.display()));
+            super::stage_file(
+                &fixture_script(),
+                &root.join(inside.strip_prefix("/").unwrap_or(inside)),
+            );
             let mut command = Command::new("chroot");
             command.arg(root).arg(&interpreter.python).arg(inside);
             command

@@ -89,9 +89,10 @@ pub fn fixture_command(ruby: &Ruby, mode: &str, seconds: u32) -> Command {
     let mut command = match &ruby.root {
         Some(root) => {
             let inside = Path::new("/tmp/icecore_ruby_split.rb");
-            let copy = root.join(inside.strip_prefix("/").unwrap_or(inside));
-            std::fs::copy(fixture_script(), &copy)
-                .unwrap_or_else(|e| panic!("copy the fixture to {}: {e}", copy.display()));
+            super::stage_file(
+                &fixture_script(),
+                &root.join(inside.strip_prefix("/").unwrap_or(inside)),
+            );
             let mut command = Command::new("chroot");
             command
                 .arg(root)
