@@ -315,6 +315,12 @@ fn render_flame_history(out: &mut String, flame: &FlameHistory) {
             "Batches not kept: alone larger than the history's memory limit.",
             stats.rejected_batches.load(Relaxed),
         ),
+        (
+            "icecore_flamegraph_history_compactions_total",
+            "counter",
+            "Times the history's tables were rebuilt after intervals were dropped.",
+            stats.compactions.load(Relaxed),
+        ),
     ] {
         let _ = writeln!(
             out,

@@ -6,7 +6,7 @@
 //! Prints the history's memory and how many nodes a query sends.
 
 use std::hint::black_box;
-use std::sync::Arc;
+use std::sync::{Arc, atomic::Ordering::Relaxed};
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
@@ -23,6 +23,8 @@ const PROCESSES: u32 = 50;
 const BATCHES: u64 = 30;
 const START: u64 = 1_795_324_440_000_000_000;
 const INTERVAL: u64 = 10_000_000_000;
+/// The byte cap of the steady-state ingest: about 20 batches of 10k stacks.
+const CAPPED_BYTES: u64 = 48 << 20;
 
 fn frames(rng: &mut Rng) -> Vec<Arc<Frame>> {
     (0..NAMES)
@@ -167,6 +169,49 @@ fn bench(c: &mut Criterion) {
                 at += 1;
                 next
             },
+            |next| h.ingest(black_box(&next), next.start_unix_nanos + INTERVAL),
+            BatchSize::LargeInput,
+        );
+    });
+    group.bench_function("ingest a batch of 10k stacks at the memory cap", |b| {
+        // The soak's steady state: each batch a random tenth of the
+        // stacks (some new, some not seen for a while), the history at its
+        // byte cap (about 20 such batches), so every ingest evicts.
+        let subsets: Vec<Vec<Stack>> = (0..BATCHES)
+            .map(|_| {
+                (0..STACKS / 10)
+                    .map(|_| stacks[rng.below(STACKS)].clone())
+                    .collect()
+            })
+            .collect();
+        let small: Vec<ProfileBatch> = subsets
+            .iter()
+            .enumerate()
+            .map(|(i, s)| batch(i as u64, s, &mut rng))
+            .collect();
+        let mut h = History::new(HistoryLimits {
+            retention: Duration::from_secs(3600),
+            max_bytes: CAPPED_BYTES,
+        });
+        let mut at = 0u64;
+        let mut next_batch = || {
+            let mut next = small[(at % BATCHES) as usize].clone();
+            next.start_unix_nanos = START + at * INTERVAL;
+            at += 1;
+            next
+        };
+        while h.stats().evicted_by_memory.load(Relaxed) < BATCHES {
+            let next = next_batch();
+            h.ingest(&next, next.start_unix_nanos + INTERVAL);
+        }
+        println!(
+            "history at its cap of {:.0} MiB: {} batches of 10k stacks, {} stacks interned",
+            CAPPED_BYTES as f64 / (1 << 20) as f64,
+            h.stats().slots.load(Relaxed),
+            h.stats().stacks.load(Relaxed)
+        );
+        b.iter_batched(
+            &mut next_batch,
             |next| h.ingest(black_box(&next), next.start_unix_nanos + INTERVAL),
             BatchSize::LargeInput,
         );

@@ -6,7 +6,7 @@
 //! whole history, each with its root-first path of frame names, so that a
 //! query only adds numbers ([`query`]). The history is bounded by age and
 //! by an estimate of the heap it holds; the oldest slots go first, and the
-//! tables are compacted when they do.
+//! tables are compacted once enough of them went (see `History::evict`).
 
 mod names;
 mod query;
@@ -69,6 +69,8 @@ pub struct HistoryStats {
     pub evicted_by_memory: AtomicU64,
     /// Batches never kept: alone larger than the memory limit.
     pub rejected_batches: AtomicU64,
+    /// Times the tables were rebuilt from the slots left.
+    pub compactions: AtomicU64,
 }
 
 /// One sample sum: a stack of one process's thread within a slot.
@@ -326,6 +328,11 @@ pub struct History {
     slots: VecDeque<Slot>,
     tables: Tables,
     rows_bytes: usize,
+    /// Rows in the slots.
+    live_rows: usize,
+    /// Rows dropped since the tables were last compacted: what they alone
+    /// pointed to is still in the tables.
+    dropped_rows: usize,
     stats: Arc<HistoryStats>,
     /// The host of the last batch (for pprof downloads).
     host_name: Arc<str>,
@@ -340,6 +347,8 @@ impl History {
             slots: VecDeque::new(),
             tables: Tables::default(),
             rows_bytes: 0,
+            live_rows: 0,
+            dropped_rows: 0,
             stats: Arc::new(HistoryStats::default()),
             host_name: Arc::from(""),
             host: HostInfo::default(),
@@ -395,6 +404,7 @@ impl History {
         rows.sort_unstable_by_key(|r| (r.stack, r.process, r.thread));
         rows.shrink_to_fit();
         self.rows_bytes += rows.capacity() * size_of::<Row>() + size_of::<Slot>() + OVERHEAD;
+        self.live_rows += rows.len();
         let slot = Slot {
             kind: batch.kind,
             start: batch.start_unix_nanos,
@@ -409,50 +419,69 @@ impl History {
         self.evict(now_unix_nanos);
     }
 
-    /// Drops slots by age and by memory, then compacts the tables if any
-    /// went.
+    /// Drops slots by age and by memory.
+    ///
+    /// Compacting re-interns every stack left, which costs about as much
+    /// as ingesting the whole history again, so it is not done per dropped
+    /// slot: by age, once the rows dropped since the last compaction
+    /// outnumber the rows left (an amortized constant per row); by memory,
+    /// once per cut down to a low-water mark an eighth under the limit, so
+    /// that the next batches fit without one.
     fn evict(&mut self, now_unix_nanos: u64) {
         let retention = u64::try_from(self.limits.retention.as_nanos()).unwrap_or(u64::MAX);
         let oldest_kept = now_unix_nanos.saturating_sub(retention);
-        let mut dropped = false;
         while self.slots.front().is_some_and(|s| s.end < oldest_kept) {
             self.pop_oldest();
             self.stats.evicted_by_age.fetch_add(1, Relaxed);
-            dropped = true;
         }
-        if dropped {
+        if self.dropped_rows > self.live_rows {
             self.compact();
         }
-        // The tables' share of the memory is only known after compaction,
-        // so each dropped slot is followed by one. In the steady state one
-        // slot goes per batch that comes.
         let limit = usize::try_from(self.limits.max_bytes).unwrap_or(usize::MAX);
+        if self.bytes() > limit && self.dropped_rows > 0 {
+            // What dropped slots left behind may be all that is over.
+            self.compact();
+        }
+        let low_water = limit - limit / 8;
         while self.bytes() > limit && !self.slots.is_empty() {
-            let last = self.slots.len() == 1;
-            self.pop_oldest();
-            if last {
-                // Alone over the limit: the batch just added.
-                self.stats.rejected_batches.fetch_add(1, Relaxed);
-            } else {
-                self.stats.evicted_by_memory.fetch_add(1, Relaxed);
+            // The tables' share of what is left is only known after a
+            // compaction: until then, the rows left hold their share of them.
+            let tables = self.tables.bytes + self.tables.names.built_bytes;
+            let rows_before = self.live_rows.max(1);
+            loop {
+                let last = self.slots.len() == 1;
+                self.pop_oldest();
+                if last {
+                    // Alone over the limit: the batch just added.
+                    self.stats.rejected_batches.fetch_add(1, Relaxed);
+                } else {
+                    self.stats.evicted_by_memory.fetch_add(1, Relaxed);
+                }
+                let left = self.rows_bytes + tables * self.live_rows / rows_before;
+                if left <= low_water || self.slots.is_empty() {
+                    break;
+                }
             }
             self.compact();
         }
         self.publish_stats();
     }
 
-    /// Removes the oldest slot; returns the bytes of its rows.
-    fn pop_oldest(&mut self) -> usize {
+    /// Removes the oldest slot.
+    fn pop_oldest(&mut self) {
         let Some(slot) = self.slots.pop_front() else {
-            return 0;
+            return;
         };
         let bytes = slot.rows.capacity() * size_of::<Row>() + size_of::<Slot>() + OVERHEAD;
         self.rows_bytes = self.rows_bytes.saturating_sub(bytes);
-        bytes
+        self.live_rows -= slot.rows.len();
+        self.dropped_rows += slot.rows.len();
     }
 
     /// Rebuilds the tables from the slots left, renumbering their rows.
     fn compact(&mut self) {
+        self.dropped_rows = 0;
+        self.stats.compactions.fetch_add(1, Relaxed);
         let old = std::mem::take(&mut self.tables);
         let mut stack_map: Vec<Option<u32>> = vec![None; old.stacks.len()];
         let mut process_map: Vec<Option<u32>> = vec![None; old.processes.len()];

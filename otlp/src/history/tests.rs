@@ -292,6 +292,51 @@ fn old_slots_expire_and_memory_stays_under_the_limit() {
 }
 
 #[test]
+fn at_the_memory_cap_the_tables_are_compacted_once_per_eighth() {
+    let limit = 1 << 20;
+    let mut h = History::new(HistoryLimits {
+        retention: Duration::from_secs(3600),
+        max_bytes: limit,
+    });
+    let mut peak = 0;
+    for i in 0..1000u64 {
+        // Half the stacks recur, half are new.
+        let stacks: Vec<Stack> = (0..20)
+            .map(|j| match j % 2 {
+                0 => stack(&["main", &format!("f{j}")]),
+                _ => stack(&["main", &format!("f{i}_{j}")]),
+            })
+            .collect();
+        let groups: Vec<(u32, u32, &Stack, u64)> = stacks.iter().map(|s| (1, 1, s, 1)).collect();
+        h.ingest(&batch(i, &groups), T0 + i * SEC);
+        peak = peak.max(h.bytes());
+    }
+    assert!(peak <= limit as usize, "{peak}");
+    let evicted = h.stats().evicted_by_memory.load(Relaxed);
+    let compactions = h.stats().compactions.load(Relaxed);
+    // Per compaction an eighth of the history goes, not one interval.
+    assert!(evicted > 300, "{evicted} evicted");
+    assert!(
+        compactions * 8 < evicted,
+        "{compactions} compactions for {evicted} evictions"
+    );
+    // Rows still point at the right stacks after the compactions.
+    let view = h
+        .query(&FlameQuery {
+            min_share: 0.0,
+            ..FlameQuery::default()
+        })
+        .unwrap();
+    assert_eq!(view.total, 20 * h.slots.len() as u64);
+    let newest = format!("f{}_1", 999);
+    assert_eq!(child(child(&view.root, "main"), &newest).total, 1);
+    assert_eq!(
+        child(child(&view.root, "main"), "f0").total,
+        h.slots.len() as u64
+    );
+}
+
+#[test]
 fn a_batch_larger_than_the_limit_is_counted_and_not_kept() {
     let mut h = History::new(HistoryLimits {
         retention: Duration::from_secs(3600),
