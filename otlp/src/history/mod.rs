@@ -44,6 +44,27 @@ pub use view::{
 /// Allocation overhead charged per heap allocation.
 const OVERHEAD: usize = 16;
 
+/// Heap bytes of a `Vec` (or boxed slice, or `VecDeque`) of `capacity` `T`s.
+fn vec_bytes<T>(capacity: usize) -> usize {
+    match capacity {
+        0 => 0,
+        n => n * size_of::<T>() + OVERHEAD,
+    }
+}
+
+/// Heap bytes of a `HashMap<K, V>` (or `HashSet<K>`, with `V = ()`) whose
+/// `capacity()` is `capacity`: hashbrown keeps a power of two of buckets,
+/// at most 7/8 of them full, each an entry and a control byte.
+fn map_bytes<K, V>(capacity: usize) -> usize {
+    match capacity {
+        0 => 0,
+        n => {
+            let buckets = (n * 8 / 7).max(n + 1).next_power_of_two();
+            buckets * (size_of::<(K, V)>() + 1) + 16 + OVERHEAD
+        }
+    }
+}
+
 /// How much history is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HistoryLimits {
@@ -205,6 +226,22 @@ struct Tables {
 }
 
 impl Tables {
+    /// Heap bytes of the tables: what the entries point to, and the
+    /// containers at their current capacities.
+    fn total_bytes(&self) -> usize {
+        self.bytes
+            + self.names.heap_bytes()
+            + map_bytes::<usize, FrameEntry>(self.frames.capacity())
+            + vec_bytes::<StackEntry>(self.stacks.capacity())
+            + map_bytes::<u64, u32>(self.stack_heads.capacity())
+            + vec_bytes::<u32>(self.same_hash.capacity())
+            + vec_bytes::<Arc<ProcessInfo>>(self.processes.capacity())
+            + map_bytes::<Arc<ProcessInfo>, u32>(self.process_ids.capacity())
+            + vec_bytes::<ThreadKey>(self.threads.capacity())
+            + map_bytes::<ThreadKey, u32>(self.thread_ids.capacity())
+            + map_bytes::<usize, ()>(self.charged.capacity())
+    }
+
     fn charge_str(&mut self, s: &Arc<str>) {
         if !s.is_empty() && self.charged.insert(s.as_ptr() as usize) {
             self.bytes += s.len() + 2 * size_of::<usize>() + OVERHEAD;
@@ -215,8 +252,10 @@ impl Tables {
     fn frame(&mut self, frame: &Arc<Frame>) -> &FrameEntry {
         let key = Arc::as_ptr(frame) as usize;
         if !self.frames.contains_key(&key) {
-            self.bytes += size_of::<Frame>() + size_of::<FrameEntry>() + 2 * OVERHEAD;
-            self.bytes += frame.lines.capacity() * size_of::<Line>();
+            // The frame's own allocation (an `Arc`) and its lines'; the
+            // entry itself is in the map, counted by `containers`.
+            self.bytes += 2 * size_of::<usize>() + size_of::<Frame>() + OVERHEAD;
+            self.bytes += vec_bytes::<Line>(frame.lines.capacity());
             for line in &frame.lines {
                 self.charge_str(&line.function_name);
                 self.charge_str(&line.system_name);
@@ -231,7 +270,7 @@ impl Tables {
                 self.charge_str(&mapping.filename);
             }
             let names = self.names.names_of(frame);
-            self.bytes += names.len() * size_of::<NameId>();
+            self.bytes += vec_bytes::<NameId>(names.len());
             let entry = FrameEntry {
                 _frame: frame.clone(),
                 hash: code_hash(frame),
@@ -276,9 +315,9 @@ impl Tables {
             kinds |= entry.kind_bit;
             path.extend_from_slice(&entry.names);
         }
-        self.bytes += size_of::<StackEntry>() + path.len() * size_of::<NameId>() + OVERHEAD;
-        self.bytes += stack.len() * size_of::<usize>() + 2 * size_of::<usize>() + OVERHEAD;
-        self.bytes += size_of::<(u64, u32)>() + size_of::<u32>();
+        // The path, and the stack's frames (an `Arc` of a slice).
+        self.bytes += vec_bytes::<NameId>(path.len());
+        self.bytes += (stack.len() + 2) * size_of::<usize>() + OVERHEAD;
         self.stacks.push(StackEntry {
             stack: stack.clone(),
             path: path.into_boxed_slice(),
@@ -298,7 +337,8 @@ impl Tables {
         for s in info.strings() {
             self.charge_str(s);
         }
-        self.bytes += 2 * (size_of::<ProcessInfo>() + OVERHEAD) + info.labels.len() * 32;
+        self.bytes += 2 * size_of::<usize>() + size_of::<ProcessInfo>() + OVERHEAD;
+        self.bytes += info.labels.len() * 32;
         self.processes.push(info.clone());
         self.process_ids.insert(info, id);
         id
@@ -314,7 +354,6 @@ impl Tables {
         }
         let id = self.threads.len() as u32;
         self.charge_str(name);
-        self.bytes += 2 * size_of::<ThreadKey>() + OVERHEAD;
         self.threads.push(key.clone());
         self.thread_ids.insert(key, id);
         id
@@ -367,7 +406,7 @@ impl History {
 
     /// Heap bytes held, about.
     pub fn bytes(&self) -> usize {
-        self.tables.bytes + self.tables.names.built_bytes + self.rows_bytes
+        self.tables.total_bytes() + self.rows_bytes + vec_bytes::<Slot>(self.slots.capacity())
     }
 
     /// Adds a batch, then drops what is older than the retention (measured
@@ -446,7 +485,7 @@ impl History {
         while self.bytes() > limit && !self.slots.is_empty() {
             // The tables' share of what is left is only known after a
             // compaction: until then, the rows left hold their share of them.
-            let tables = self.tables.bytes + self.tables.names.built_bytes;
+            let tables = self.tables.total_bytes();
             let rows_before = self.live_rows.max(1);
             loop {
                 let last = self.slots.len() == 1;

@@ -1,7 +1,7 @@
 //! Frame names as the flame graph shows them, interned: one id per (name,
 //! frame type), so that trees are built from integers.
 
-use std::{collections::HashMap, mem::size_of, sync::Arc};
+use std::{collections::HashMap, sync::Arc};
 
 use crate::model::{Frame, FrameKind};
 
@@ -21,7 +21,7 @@ pub(super) struct NameTable {
     names: Vec<FrameName>,
     ids: HashMap<FrameName, NameId>,
     /// Names built here (not shared with the model): `[libc.so.6]`.
-    pub built_bytes: usize,
+    built_bytes: usize,
 }
 
 impl NameTable {
@@ -35,13 +35,20 @@ impl NameTable {
         self.names.len()
     }
 
+    /// Heap bytes: the names built here, and the containers at their
+    /// current capacities.
+    pub fn heap_bytes(&self) -> usize {
+        self.built_bytes
+            + super::vec_bytes::<FrameName>(self.names.capacity())
+            + super::map_bytes::<FrameName, NameId>(self.ids.capacity())
+    }
+
     fn intern(&mut self, name: Arc<str>, kind: FrameKind) -> NameId {
         let key = FrameName { name, kind };
         if let Some(&id) = self.ids.get(&key) {
             return id;
         }
         let id = self.names.len() as NameId;
-        self.built_bytes += 2 * size_of::<FrameName>() + 16;
         self.names.push(key.clone());
         self.ids.insert(key, id);
         id
