@@ -186,6 +186,7 @@ impl Exporters {
                 Some(
                     ParcaExporter::new(&ParcaOptions {
                         headers,
+                        timeout: config.parca_timeout,
                         ..ParcaOptions::new(endpoint.url.clone())
                     })
                     .with_context(|| format!("--parca-endpoint {}", endpoint.url))?,
@@ -199,6 +200,7 @@ impl Exporters {
                     basic_auth: endpoint.basic_auth.as_ref().map(|b| b.expose().to_owned()),
                     bearer_token_file: config.pyroscope_bearer_token_file.clone(),
                     tenant_id: config.pyroscope_tenant_id.clone(),
+                    timeout: config.pyroscope_timeout,
                     ..PyroscopeOptions::new(endpoint.url.clone())
                 })
                 .with_context(|| format!("--pyroscope-endpoint {}", endpoint.url))?,

@@ -103,6 +103,10 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "FILE")]
     parca_bearer_token_file: Option<String>,
 
+    /// Timeout of one call to the Parca server, like 10s or 500ms [default: 10s]
+    #[arg(long, value_name = "DURATION")]
+    parca_timeout: Option<String>,
+
     /// Grafana Pyroscope server to push pprof to (push.v1.PusherService/Push, Connect protocol): http://HOST:4040 or https://…; user:password@ in the URL is sent as basic auth [default: none]
     #[arg(long, value_name = "URL")]
     pyroscope_endpoint: Option<String>,
@@ -114,6 +118,10 @@ pub(crate) struct Cli {
     /// Tenant sent to the Pyroscope server as X-Scope-OrgID [default: none]
     #[arg(long, value_name = "ID")]
     pyroscope_tenant_id: Option<String>,
+
+    /// Timeout of one call to the Pyroscope server, like 10s or 500ms [default: 10s]
+    #[arg(long, value_name = "DURATION")]
+    pyroscope_timeout: Option<String>,
 
     /// Serve an OTLP Profiles receiver (gRPC and HTTP /v1development/profiles) on IP:PORT, or PORT on 127.0.0.1, and forward what it gets to the sinks [default: off]
     #[arg(long, value_name = "ADDR")]
@@ -369,6 +377,16 @@ impl Cli {
             self.parca_bearer_token_file.as_deref(),
             export::token_file,
         )?;
+        let parca_timeout = check(
+            "parca-timeout",
+            self.parca_timeout.as_deref(),
+            export::otlp_timeout,
+        )?;
+        let pyroscope_timeout = check(
+            "pyroscope-timeout",
+            self.pyroscope_timeout.as_deref(),
+            export::otlp_timeout,
+        )?;
         let pyroscope = check(
             "pyroscope-endpoint",
             self.pyroscope_endpoint.as_deref(),
@@ -551,9 +569,11 @@ impl Cli {
             otlp_listen_memory_bytes,
             parca,
             parca_bearer_token_file,
+            parca_timeout,
             pyroscope,
             pyroscope_bearer_token_file,
             pyroscope_tenant_id,
+            pyroscope_timeout,
             pprof_dir,
             pprof_max_files,
             pprof_max_bytes,

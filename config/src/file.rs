@@ -16,7 +16,7 @@ mod lists;
 mod scrape;
 
 /// The keys a config file may have, in the order the docs list them.
-pub const KEYS: [&str; 55] = [
+pub const KEYS: [&str; 57] = [
     "otlp_endpoint",
     "otlp_headers",
     "otlp_bearer_token_file",
@@ -44,9 +44,11 @@ pub const KEYS: [&str; 55] = [
     "otlp_listen_memory",
     "parca_endpoint",
     "parca_bearer_token_file",
+    "parca_timeout",
     "pyroscope_endpoint",
     "pyroscope_bearer_token_file",
     "pyroscope_tenant_id",
+    "pyroscope_timeout",
     "pprof_dir",
     "pprof_max_files",
     "pprof_max_bytes",
@@ -244,6 +246,8 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         pyroscope_bearer_token_file: reader
             .string("pyroscope_bearer_token_file", export::token_file)?,
         pyroscope_tenant_id: reader.string("pyroscope_tenant_id", export::tenant_id)?,
+        parca_timeout: reader.string("parca_timeout", export::otlp_timeout)?,
+        pyroscope_timeout: reader.string("pyroscope_timeout", export::otlp_timeout)?,
         otlp_listen_bearer_token_file: reader
             .string("otlp_listen_bearer_token_file", export::token_file)?,
         otlp_listen_memory_bytes: reader.integer(

@@ -172,12 +172,16 @@ pub struct Config {
     pub parca: Option<OtlpEndpoint>,
     /// Bearer token file for the Parca server, if any.
     pub parca_bearer_token_file: Option<PathBuf>,
+    /// Timeout of one call to the Parca server.
+    pub parca_timeout: Duration,
     /// A Grafana Pyroscope server to push pprof to, if any.
     pub pyroscope: Option<OtlpEndpoint>,
     /// Bearer token file for the Pyroscope server, if any.
     pub pyroscope_bearer_token_file: Option<PathBuf>,
     /// The tenant sent to Pyroscope as `X-Scope-OrgID`, if any.
     pub pyroscope_tenant_id: Option<String>,
+    /// Timeout of one call to the Pyroscope server.
+    pub pyroscope_timeout: Duration,
     /// Where to serve the OTLP Profiles receiver (gRPC and HTTP), if at all.
     pub otlp_listen: Option<SocketAddr>,
     /// Token file the receiver's clients must present as `Bearer`, if any.
@@ -387,9 +391,11 @@ pub(crate) struct Settings {
     pub otlp_listen_memory_bytes: Option<u64>,
     pub parca: Option<OtlpEndpoint>,
     pub parca_bearer_token_file: Option<PathBuf>,
+    pub parca_timeout: Option<Duration>,
     pub pyroscope: Option<OtlpEndpoint>,
     pub pyroscope_bearer_token_file: Option<PathBuf>,
     pub pyroscope_tenant_id: Option<String>,
+    pub pyroscope_timeout: Option<Duration>,
     pub pprof_dir: Option<PathBuf>,
     pub pprof_max_files: Option<u64>,
     pub pprof_max_bytes: Option<u64>,
@@ -455,6 +461,8 @@ impl Settings {
                 .pyroscope_bearer_token_file
                 .or(lower.pyroscope_bearer_token_file),
             pyroscope_tenant_id: self.pyroscope_tenant_id.or(lower.pyroscope_tenant_id),
+            parca_timeout: self.parca_timeout.or(lower.parca_timeout),
+            pyroscope_timeout: self.pyroscope_timeout.or(lower.pyroscope_timeout),
             otlp_listen_bearer_token_file: self
                 .otlp_listen_bearer_token_file
                 .or(lower.otlp_listen_bearer_token_file),
@@ -547,6 +555,8 @@ impl Settings {
             pyroscope: self.pyroscope,
             pyroscope_bearer_token_file: self.pyroscope_bearer_token_file,
             pyroscope_tenant_id: self.pyroscope_tenant_id,
+            parca_timeout: self.parca_timeout.unwrap_or(DEFAULT_OTLP_TIMEOUT),
+            pyroscope_timeout: self.pyroscope_timeout.unwrap_or(DEFAULT_OTLP_TIMEOUT),
             otlp_listen_bearer_token_file: self.otlp_listen_bearer_token_file,
             otlp_listen_memory_bytes: self
                 .otlp_listen_memory_bytes

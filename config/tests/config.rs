@@ -75,6 +75,25 @@ fn defaults() {
     assert_eq!(config.flamegraph_max_bytes, 64 << 20);
     assert_eq!(config.flamegraph_max_bytes, DEFAULT_FLAMEGRAPH_MAX_BYTES);
     assert_eq!(config.log_level, "info");
+    assert_eq!(config.parca_timeout, Duration::from_secs(10));
+    assert_eq!(config.pyroscope_timeout, Duration::from_secs(10));
+}
+
+#[test]
+fn parca_and_pyroscope_timeouts() {
+    let config = ok(&["--parca-timeout", "2500ms", "--pyroscope-timeout", "30s"]);
+    assert_eq!(config.parca_timeout, Duration::from_millis(2500));
+    assert_eq!(config.pyroscope_timeout, Duration::from_secs(30));
+    let file = yaml("parca_timeout: 3s\npyroscope_timeout: 1m\n");
+    let config = ok(&["--config", path_of(&file)]);
+    assert_eq!(config.parca_timeout, Duration::from_secs(3));
+    assert_eq!(config.pyroscope_timeout, Duration::from_secs(60));
+    assert_eq!(
+        err(&["--parca-timeout", "0s"]),
+        "invalid --parca-timeout \"0s\": expected a duration from 1ms to 10m, like 10s or \
+         500ms (out of range)"
+    );
+    assert!(err(&["--pyroscope-timeout", "11m"]).contains("from 1ms to 10m"));
 }
 
 #[test]
