@@ -247,7 +247,8 @@ impl Aggregator {
             };
             if is_off_cpu { &mut off_cpu } else { &mut cpu }.push(profile);
         }
-        let batch = |kind, mut processes: Vec<ProcessProfile>| {
+        let batch = |kind, processes: Vec<ProcessProfile>| {
+            let mut processes = one_per_identity(processes);
             processes.sort_by_key(|p| p.process.pid);
             ProfileBatch {
                 kind,
@@ -275,6 +276,24 @@ impl Aggregator {
         }
         (batches, stats)
     }
+}
+
+/// The profiles of images that look alike (a pid that ran `exec` on the
+/// same executable, or read while an `exec` replaced it) as one: a resource
+/// is what its attributes say, and a request must not hold two equal ones.
+fn one_per_identity(processes: Vec<ProcessProfile>) -> Vec<ProcessProfile> {
+    let mut index: HashMap<ProcessInfo, usize> = HashMap::with_capacity(processes.len());
+    let mut merged: Vec<ProcessProfile> = Vec::with_capacity(processes.len());
+    for profile in processes {
+        match index.get(&profile.process) {
+            Some(&i) => merged[i].samples.extend(profile.samples),
+            None => {
+                index.insert(profile.process.clone(), merged.len());
+                merged.push(profile);
+            }
+        }
+    }
+    merged
 }
 
 /// The time window and fixed metadata of a batch.
@@ -367,4 +386,50 @@ fn is_tracing_glue(frame: &Frame) -> bool {
             || name.starts_with("__bpf_trace_")
             || name.starts_with("__traceiter_")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(pid: u32, path: &str, tid: u32) -> ProcessProfile {
+        ProcessProfile {
+            process: ProcessInfo {
+                pid,
+                executable_path: Arc::from(path),
+                ..ProcessInfo::default()
+            },
+            samples: vec![SampleGroup::timed(
+                Arc::from(Vec::new()),
+                tid,
+                Arc::from("t"),
+                vec![1],
+            )],
+        }
+    }
+
+    #[test]
+    fn images_that_look_alike_are_one_resource() {
+        let merged = one_per_identity(vec![
+            profile(7, "/usr/bin/php8.2", 7),
+            profile(8, "/usr/bin/php8.2", 8),
+            profile(7, "/usr/bin/sh", 7),
+            profile(7, "/usr/bin/php8.2", 9),
+        ]);
+        let seen: Vec<(u32, &str, Vec<u32>)> = merged
+            .iter()
+            .map(|p| {
+                let tids = p.samples.iter().map(|s| s.thread_id).collect();
+                (p.process.pid, &*p.process.executable_path, tids)
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (7, "/usr/bin/php8.2", vec![7, 9]),
+                (8, "/usr/bin/php8.2", vec![8]),
+                (7, "/usr/bin/sh", vec![7]),
+            ]
+        );
+    }
 }

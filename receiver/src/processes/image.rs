@@ -58,10 +58,46 @@ pub struct ImageSnapshot {
     pub facts: ProcessFacts,
 }
 
+/// How many times a read an `exec` tore is started again.
+const TORN_READ_RETRIES: usize = 3;
+
 impl ImageSnapshot {
     /// Reads the process now; `comm` names it when its executable cannot be read.
+    ///
+    /// The executable is read first and again last: an `exec` in between
+    /// tore the read (the maps of one image, the name of the other), which
+    /// then starts over. `read_ktime` is taken after the first look at the
+    /// executable, so the snapshot of an image an `exec` at `K` started has
+    /// `read_ktime >= K`, and that of the image before it `read_ktime < K`:
+    /// what [`super::ProcessTable::exec`] relies on to tell them apart.
     pub fn read(pid: u32, comm: &str) -> Self {
-        let read_ktime = crate::clock::MonotonicToUnix::monotonic_now();
+        let mut attempt = 0;
+        loop {
+            let path = process_maps::executable_path(pid).ok();
+            let read_ktime = crate::clock::MonotonicToUnix::monotonic_now();
+            let mut snapshot = Self::read_image(pid, comm, path);
+            snapshot.read_ktime = read_ktime;
+            // Gone since (`None`) is no tear: what was read stays.
+            let after = process_maps::executable_path(pid).ok();
+            let torn = after
+                .as_deref()
+                .is_some_and(|after| *snapshot.info.executable_path != *after);
+            if !torn {
+                return snapshot;
+            }
+            attempt += 1;
+            if attempt > TORN_READ_RETRIES {
+                // Exec after exec: taken as of now, as the latest image's
+                // (its maps are re-read when a sample falls outside them).
+                debug!(pid, "the process kept calling exec while read");
+                snapshot.read_ktime = crate::clock::MonotonicToUnix::monotonic_now();
+                return snapshot;
+            }
+        }
+    }
+
+    /// The rest of the snapshot, for the executable at `path`.
+    fn read_image(pid: u32, comm: &str, path: Option<String>) -> Self {
         let mappings = match ProcessMappings::read(pid) {
             Ok(m) => m,
             Err(e) => {
@@ -69,7 +105,6 @@ impl ImageSnapshot {
                 ProcessMappings::default()
             }
         };
-        let path = process_maps::executable_path(pid).ok();
         let cgroup = crate::metadata::cgroup::read_identity(pid);
         let stat = process_maps::start_time_and_parent(pid).ok();
         let facts = ProcessFacts::read(pid, &cgroup);
@@ -102,7 +137,7 @@ impl ImageSnapshot {
             },
             mappings,
             start_time: stat.map(|(start, _)| start),
-            read_ktime,
+            read_ktime: 0,
             facts,
         }
     }

@@ -103,3 +103,45 @@ fn an_exiting_process_keeps_its_mappings_for_its_last_samples() {
     assert_eq!(table.get(pid).unwrap().mappings.len(), known);
     child.wait().unwrap();
 }
+
+/// A read an `exec` tears (maps of one image, executable of the next) is
+/// started again: every snapshot of a process that execs `nice` and `env`
+/// in turn maps the executable it names. Such a torn snapshot, read just
+/// before the exec's event arrived, became a second image named like the
+/// new one: two resources of one pid and executable in a request.
+#[test]
+fn a_snapshot_names_the_executable_it_maps_while_the_process_execs() {
+    const EXECS: usize = 1000;
+    let chain = (0..EXECS).map(|i| if i % 2 == 0 { "env" } else { "nice" });
+    let mut child = std::process::Command::new("nice")
+        .args(chain)
+        .args(["sleep", "0.2"])
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (mut whole, mut torn) = (0, Vec::new());
+    let mut names = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let snapshot = ImageSnapshot::read(pid, "");
+        let path = snapshot.info.executable_path.clone();
+        if path.ends_with("/sleep") || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if snapshot.mappings.is_empty() {
+            // Read amid an exec's switch of address spaces.
+            continue;
+        }
+        if snapshot.mappings.mappings().iter().any(|m| m.path == path) {
+            whole += 1;
+            names.insert(path);
+        } else {
+            torn.push(path);
+        }
+    }
+    let _ = child.kill();
+    child.wait().unwrap();
+    println!("{whole} whole snapshots of {names:?}, {} torn", torn.len());
+    assert!(torn.is_empty(), "torn snapshots named {torn:?}");
+    assert!(whole >= 50 && names.len() == 2, "too few reads mid-chain");
+}
