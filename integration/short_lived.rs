@@ -7,8 +7,9 @@
 //! executables, and a third of them run three more threads, a third fork two
 //! children without exec. Their samples must be symbolized although each is
 //! gone long before its batch is cut, and every BPF map must return to its
-//! baseline once they exited. The agent's RSS (its flame graph history off)
-//! may not grow by over 10 % over the second half: the first half fills
+//! baseline once they exited. The agent's RSS (its flame graph history off),
+//! read as its floor over a few seconds, may not grow by over 10 % over the
+//! second half: the first half fills
 //! its bounded per-file caches with the eight programs, the second only
 //! runs them again.
 //!
@@ -32,10 +33,14 @@ use support::native::churn::{
 use support::native::measure::print_metrics_at_end;
 use support::native::{BATCH_TIMEOUT, compile_unique_native_c, temp_dir};
 use support::run::{REPORTER_INTERVAL, SystemWideRun};
-use support::{now_unix_nanos, otlp, require_root, serial, status_kib};
+use support::{now_unix_nanos, otlp, require_root, rss_floor_kib, serial};
 
 /// Every BPF map returns to its baseline once 2,000 short-lived processes
 /// exited.
+/// RSS is read as its floor over this long: more than the agent's
+/// allocator trim (every 5 s) and two of its batches.
+const RSS_WINDOW: Duration = Duration::from_secs(6);
+
 #[test]
 fn bpf_maps_return_to_baseline_after_short_lived_processes() {
     const TEST: &str = "bpf_maps_return_to_baseline_after_short_lived_processes";
@@ -74,7 +79,7 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
 
     let base = steady_baseline(TEST, &maps);
     let base_pids = base.pids();
-    let rss_before = status_kib(ice_pid as i32, "VmRSS:");
+    let rss_before = rss_floor_kib(ice_pid as i32, RSS_WINDOW);
 
     let poller = MapPoller::start(ice_pid, base_pids.clone());
     let started = Instant::now();
@@ -82,8 +87,7 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
     // the flame graph history's stacks of these programs), so growth over
     // the second is memory that per-process state keeps.
     let mut churn_pids = run_churn(&churn_exes, processes / 2, WORKERS);
-    std::thread::sleep(REPORTER_INTERVAL);
-    let rss_warm = status_kib(ice_pid as i32, "VmRSS:");
+    let rss_warm = rss_floor_kib(ice_pid as i32, RSS_WINDOW);
     churn_pids.extend(run_churn(&churn_exes, processes - processes / 2, WORKERS));
     let churn_secs = started.elapsed().as_secs_f64();
     let last_exit = Instant::now();
@@ -128,7 +132,7 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
             .collect()
     };
     let at_end = run.icecore.metrics_after_next_batch(BATCH_TIMEOUT);
-    let rss_after = status_kib(ice_pid as i32, "VmRSS:");
+    let rss_after = rss_floor_kib(ice_pid as i32, RSS_WINDOW);
     println!(
         "{TEST}: {processes} processes ({} with the forked children) in {churn_secs:.1} s; final \
          read {:.1} s after the last exit; {} polls of the maps meanwhile; agent RSS {} KiB \

@@ -55,6 +55,20 @@ pub fn status_kib(pid: i32, field: &str) -> u64 {
         .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
 }
 
+/// The least `VmRSS` of `pid` (KiB) over `window`, read every 50 ms: what
+/// it holds between its batches. A single read lands anywhere in a batch's
+/// symbolizing and encoding, or before the allocator's periodic trim, and
+/// moves by megabytes with that alone.
+pub fn rss_floor_kib(pid: i32, window: Duration) -> u64 {
+    let end = Instant::now() + window;
+    let mut floor = status_kib(pid, "VmRSS:");
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+        floor = floor.min(status_kib(pid, "VmRSS:"));
+    }
+    floor
+}
+
 pub fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }
