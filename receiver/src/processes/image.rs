@@ -66,7 +66,8 @@ impl ImageSnapshot {
     ///
     /// The executable is read first and again last: an `exec` in between
     /// tore the read (the maps of one image, the name of the other), which
-    /// then starts over. `read_ktime` is taken after the first look at the
+    /// then starts over, as it does when the maps do not map the
+    /// executable (two `exec`s, away and back). `read_ktime` is taken after the first look at the
     /// executable, so the snapshot of an image an `exec` at `K` started has
     /// `read_ktime >= K`, and that of the image before it `read_ktime < K`:
     /// what [`super::ProcessTable::exec`] relies on to tell them apart.
@@ -79,18 +80,27 @@ impl ImageSnapshot {
             snapshot.read_ktime = read_ktime;
             // Gone since (`None`) is no tear: what was read stays.
             let after = process_maps::executable_path(pid).ok();
-            let torn = after
-                .as_deref()
-                .is_some_and(|after| *snapshot.info.executable_path != *after);
-            if !torn {
+            let exe = &*snapshot.info.executable_path;
+            let renamed = after.as_deref().is_some_and(|after| exe != after);
+            // An exec away and one back (A, B's maps, A) leaves the name
+            // alone, not the maps.
+            let unmapped = !exe.is_empty()
+                && !snapshot.mappings.is_empty()
+                && !snapshot.mappings.mappings().iter().any(|m| *m.path == *exe);
+            if !renamed && !unmapped {
                 return snapshot;
             }
             attempt += 1;
             if attempt > TORN_READ_RETRIES {
-                // Exec after exec: taken as of now, as the latest image's
-                // (its maps are re-read when a sample falls outside them).
+                // Exec after exec: named as the image of now, without maps
+                // rather than another image's (they are read again at the
+                // first sample, which falls outside none).
                 debug!(pid, "the process kept calling exec while read");
-                snapshot.read_ktime = crate::clock::MonotonicToUnix::monotonic_now();
+                let path = process_maps::executable_path(pid).ok();
+                let read_ktime = crate::clock::MonotonicToUnix::monotonic_now();
+                let mut snapshot = Self::read_image(pid, comm, path);
+                snapshot.read_ktime = read_ktime;
+                snapshot.mappings = ProcessMappings::default();
                 return snapshot;
             }
         }
