@@ -72,6 +72,15 @@ fn bpf_maps_return_to_baseline_after_short_lived_processes() {
             // what per-process state outlives the processes.
             "--flamegraph-history".to_string(),
             "0".to_string(),
+            // Room for the churn programs' own DWARF (their frames keep their
+            // lines), not for that of libc6-dbg's libm (7.4 MB of heap once
+            // loaded). libm's loads at its first sample, which a rare frame
+            // of the test binary or of the host gives: RSS jumped by 7-8 MB,
+            // in either half, in 5 of 11 runs at the default 16 MiB, and in
+            // none of 11 at 1 MiB or less (2026-11-28). That is a cache the
+            // budget bounds, not state that processes leave.
+            "--debug-info-memory".to_string(),
+            "1MiB".to_string(),
         ],
     );
     let ice_pid = run.icecore.pid() as u32;

@@ -294,6 +294,7 @@ impl Symbolizer {
                 }
                 self.stats.separate_debug_files += u64::from(outcome.separate);
                 let cost = info.cost();
+                tracing::debug!(path = %mapping.path, estimated_bytes = cost, "debug information loaded");
                 if self.make_room(cost) {
                     let entry = DebugEntry {
                         cost,
