@@ -254,7 +254,11 @@ impl V8Process {
             // hold another object by the time user space reads it, while
             // SharedFunctionInfos are allocated old and rarely move. One
             // read of the heap, outside the stack window.
-            let field = function - 1 + u64::from(self.function_shared);
+            // Near the top of the address space the sum would overflow
+            // (found by fuzz/ `runtime_walk`): no object lies there.
+            let Some(field) = (function - 1).checked_add(u64::from(self.function_shared)) else {
+                return V8Step::ReadFailed;
+            };
             let Some([shared]) = memory.read_words::<1>(field) else {
                 return V8Step::ReadFailed;
             };
