@@ -10,7 +10,8 @@
 //! each started after the agent. icecore's shares must be
 //! within 5 percentage points of the built-in split and of php-excimer's
 //! (Debian's for 8.2 and 8.4, built from Debian's source for 8.5), sampling
-//! the same run.
+//! the same run; a fixture whose excimer misses the built-in split by more
+//! than 4 points runs again alone, for a reference.
 //! Names, classes, closures, files and lines must be the script's; an
 //! internal function must sit between its PHP caller and its C code; the
 //! workers of a php-fpm pool sharing one opcache must each be profiled.
@@ -22,7 +23,7 @@
 
 use crate::support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::thread::sleep;
 use std::time::Duration;
@@ -110,6 +111,73 @@ fn excimer_shares(stacks: &[(Vec<String>, u64)]) -> ([f64; 3], u64) {
     (parts.map(|p| pct(p, n)), n)
 }
 
+/// How far excimer's shares may be from the built-in split for its run
+/// to serve as a reference (its shares vary by 2-4 points between runs).
+const EXCIMER_REFERENCE_PP: f64 = 4.0;
+
+/// One run of the split fixture under one PHP.
+struct Fixture {
+    php: Php,
+    child: Child,
+    /// Shares are measured from here on (Unix nanoseconds).
+    from: u64,
+    /// Excimer's shares of the same run and its sample count, if it ran.
+    excimer: Option<([f64; 3], u64)>,
+    /// A second run, alone, as the first one's excimer missed the split.
+    rerun: bool,
+}
+
+impl Fixture {
+    fn excimer_misses_split(&self) -> bool {
+        self.excimer.is_some_and(|(shares, _)| {
+            SPLIT
+                .iter()
+                .zip(shares)
+                .any(|((_, expected), share)| (share - expected).abs() > EXCIMER_REFERENCE_PP)
+        })
+    }
+}
+
+/// Runs the split fixture under each of `phase` at once (with excimer where
+/// installed) and waits for them.
+fn run_phase(phase: &[&Php], rerun: bool) -> Vec<Fixture> {
+    let started: Vec<(&Php, Child, Option<PathBuf>)> = phase
+        .iter()
+        .enumerate()
+        .map(|(i, &php)| {
+            // Read when the phase ends, so a file per position is enough.
+            let out = php
+                .excimer
+                .then(|| Path::new("/tmp").join(format!("icecore-excimer-{i}.txt")));
+            let extra: Vec<String> = out.iter().map(|p| p.display().to_string()).collect();
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            let seconds = if php.excimer {
+                EXCIMER_FIXTURE_SECS
+            } else {
+                FIXTURE_SECS
+            };
+            (php, spawn_fixture(php, "split", seconds, &extra), out)
+        })
+        .collect();
+    sleep(WARM_UP);
+    let from = now_unix_nanos();
+    started
+        .into_iter()
+        .map(|(php, mut child, out)| {
+            let status = child.wait().expect("wait for the fixture");
+            assert!(status.success(), "{}: fixture failed: {status}", php.label);
+            let excimer = out.map(|out| excimer_shares(&read_collapsed(&php.host_path(&out))));
+            Fixture {
+                php: php.clone(),
+                child,
+                from,
+                excimer,
+                rerun,
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn every_php_matches_its_split_and_excimer() {
     const TEST: &str = "every_php_matches_its_split_and_excimer";
@@ -127,40 +195,29 @@ fn every_php_matches_its_split_and_excimer() {
     // Every fixture starts after the agent; excimer samples the same run.
     // Two phases, 8.2 and 8.4 then 8.5 and the ZTS build, so that both
     // profilers get enough samples of each (four fixtures on two CPUs).
-    let mut fixtures: Vec<(Php, Child, Option<std::path::PathBuf>, u64)> = Vec::new();
+    let mut fixtures: Vec<Fixture> = Vec::new();
     for first_phase in [true, false] {
-        let mut phase: Vec<(Php, Child, Option<std::path::PathBuf>)> = found
+        let phase: Vec<&Php> = found
             .iter()
-            .enumerate()
-            .filter(|(_, php)| (php.minor <= 4 && php.program.is_none()) == first_phase)
-            .map(|(i, php)| {
-                let out = php
-                    .excimer
-                    .then(|| Path::new("/tmp").join(format!("icecore-excimer-{i}.txt")));
-                let extra: Vec<String> = out.iter().map(|p| p.display().to_string()).collect();
-                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-                let seconds = if php.excimer {
-                    EXCIMER_FIXTURE_SECS
-                } else {
-                    FIXTURE_SECS
-                };
-                let child = spawn_fixture(php, "split", seconds, &extra);
-                (php.clone(), child, out)
-            })
+            .filter(|php| (php.minor <= 4 && php.program.is_none()) == first_phase)
             .collect();
-        sleep(WARM_UP);
-        let from = now_unix_nanos();
-        for (php, child, _) in &mut phase {
-            let status = child.wait().expect("wait for the fixture");
-            assert!(status.success(), "{}: fixture failed: {status}", php.label);
-        }
-        fixtures.extend(
-            phase
-                .into_iter()
-                .map(|(php, child, out)| (php, child, out, from)),
-        );
+        fixtures.extend(run_phase(&phase, false));
     }
-    let pids: Vec<u32> = fixtures.iter().map(|(_, c, _, _)| c.id()).collect();
+    // Excimer is a reference only where it finds the built-in split: with
+    // four fixtures on two CPUs its shares vary by 2-4 points between runs,
+    // and once missed the split by 6 (8.4 with the JIT: 43.9/32.7/23.3,
+    // icecore 51.8/28.3/19.8). Such a fixture runs again, alone, and icecore
+    // is compared with that run's excimer, whatever it finds; the first run
+    // is still held to the built-in split.
+    let rerun: Vec<Php> = fixtures
+        .iter()
+        .filter(|f| f.excimer_misses_split())
+        .map(|f| f.php.clone())
+        .collect();
+    for php in &rerun {
+        fixtures.extend(run_phase(&[php], true));
+    }
+    let pids: Vec<u32> = fixtures.iter().map(|f| f.child.id()).collect();
     run.finish_after_fixtures();
     let received = run.otlp_of(pids[0]);
 
@@ -176,14 +233,22 @@ fn every_php_matches_its_split_and_excimer() {
         "other threads"
     );
     let mut failures = Vec::new();
-    for ((php, _, out, from), &pid) in fixtures.iter().zip(&pids) {
-        let label = &php.label;
-        let (samples, _) = of_pid_since(&received.samples, pid, *from);
+    for (fixture, &pid) in fixtures.iter().zip(&pids) {
+        let php = &fixture.php;
+        let label = if fixture.rerun {
+            format!("{} (run again)", php.label)
+        } else {
+            php.label.clone()
+        };
+        let (samples, _) = of_pid_since(&received.samples, pid, fixture.from);
         let all = total(&samples);
         let in_php = pct(count_where(&samples, |s| s.contains("split_main")), all);
         let (shares, n) = split_shares(&samples);
-        let excimer = out.as_ref().map(|out| read_collapsed(&php.host_path(out)));
-        let (excimer_shares, excimer_n) = excimer.as_deref().map_or(([0.0; 3], 0), excimer_shares);
+        let excimer = fixture.excimer.as_ref();
+        let (excimer_shares, excimer_n) = excimer.copied().unwrap_or(([0.0; 3], 0));
+        // A run whose excimer missed the split ran again: its excimer is no reference.
+        let compare_excimer =
+            excimer.is_some() && (fixture.rerun || !fixture.excimer_misses_split());
         // The closure's stacks in order, down to the native code running the script.
         let closure = closure_name(php);
         let through_gamma: Vec<&DecodedSample> = samples
@@ -222,10 +287,10 @@ fn every_php_matches_its_split_and_excimer() {
         println!(
             "{TEST}: {label:<36} {all:>7} {in_php:>6.1}% {:>20} {:>20} {excimer_n:>9} {ordered:>4}/{gamma_n} {others:>13}",
             fmt(shares),
-            if excimer.is_some() {
-                fmt(excimer_shares)
-            } else {
-                "-".into()
+            match (excimer.is_some(), compare_excimer) {
+                (false, _) => "-".into(),
+                (true, true) => fmt(excimer_shares),
+                (true, false) => format!("({}) missed", fmt(excimer_shares)),
             },
         );
         if others_in_php != 0 {
@@ -249,7 +314,7 @@ fn every_php_matches_its_split_and_excimer() {
                     shares[i]
                 ));
             }
-            if excimer.is_some()
+            if compare_excimer
                 && (excimer_n < 1000 || (shares[i] - excimer_shares[i]).abs() > TOLERANCE_PP)
             {
                 failures.push(format!(
@@ -265,12 +330,13 @@ fn every_php_matches_its_split_and_excimer() {
                  (leaf, {closure}, Split::gamma, split_main, <main>, php_execute_script): {example:?}"
             ));
         }
-        // The leaf's and the closure's frame type, file and lines.
-        let frames_of = |name: &str| -> Vec<&Frame> {
+        // The leaf's and the closure's frame type, file and lines, with the
+        // number of samples of each.
+        let frames_of = |name: &str| -> Vec<(&Frame, u64)> {
             samples
                 .iter()
-                .flat_map(|s| &s.stack)
-                .filter(|f| f.function == name)
+                .flat_map(|s| s.stack.iter().map(|f| (f, s.count)))
+                .filter(|(f, _)| f.function == name)
                 .collect()
         };
         let in_fixture = |f: &Frame| {
@@ -279,8 +345,9 @@ fn every_php_matches_its_split_and_excimer() {
                 .is_some_and(|p| p.ends_with("php_split.php"))
         };
         let leaves = frames_of("leaf");
-        let wrong: Vec<&&Frame> = leaves
+        let wrong: Vec<&Frame> = leaves
             .iter()
+            .map(|&(f, _)| f)
             .filter(|f| !is_php(f) || !in_fixture(f) || !leaf_lines.contains(&f.line))
             .collect();
         if leaves.is_empty() || !wrong.is_empty() {
@@ -289,21 +356,26 @@ fn every_php_matches_its_split_and_excimer() {
                 &wrong[..wrong.len().min(3)]
             ));
         }
-        // At its call of leaf, or in its own first opcodes when sampled there.
+        // At its call of leaf, or in its own first opcodes when sampled there:
+        // by samples, since a stack sampled in those opcodes once is as
+        // distinct as one sampled at the call a thousand times (8.2's JIT:
+        // 13 of 15 distinct stacks at the call).
         let closures = frames_of(&closure);
-        let wrong: Vec<&&Frame> = closures
+        let wrong: Vec<&Frame> = closures
             .iter()
+            .map(|&(f, _)| f)
             .filter(|f| !is_php(f) || !in_fixture(f) || !closure_lines.contains(&f.line))
             .collect();
-        let at_call = closures.iter().filter(|f| f.line == closure_line).count();
-        if closures.is_empty()
-            || !wrong.is_empty()
-            || pct(at_call as u64, closures.len() as u64) < 90.0
-        {
+        let closure_n: u64 = closures.iter().map(|&(_, n)| n).sum();
+        let at_call: u64 = closures
+            .iter()
+            .filter(|(f, _)| f.line == closure_line)
+            .map(|&(_, n)| n)
+            .sum();
+        if closures.is_empty() || !wrong.is_empty() || pct(at_call, closure_n) < 90.0 {
             failures.push(format!(
                 "{label}: {closure} frames not at php_split.php:{closure_lines:?} \
-                 ({at_call} of {} at {closure_line}): {:?}",
-                closures.len(),
+                 ({at_call} of {closure_n} samples at {closure_line}): {:?}",
                 &wrong[..wrong.len().min(3)]
             ));
         }
