@@ -31,7 +31,9 @@ if [[ ! -x $chromium ]]; then
   [[ $(id -u) -eq 0 ]] || die "no $chromium, and installing Debian's chromium needs root (apt-get)"
   log "installing Debian's chromium"
   apt-get update -qq || die "apt-get update failed"
-  if ! apt-cache policy chromium | grep -q '^  Candidate: [0-9]'; then
+  # Not `grep -q`: it stops reading at the first match, and apt-cache's
+  # SIGPIPE then fails the pipeline (pipefail) even though the line is there.
+  if ! apt-cache policy chromium | grep '^  Candidate: [0-9]' >/dev/null; then
     die "apt has no chromium package: are bookworm and bookworm-security in the apt sources?"
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
@@ -41,7 +43,7 @@ if [[ ! -x $chromium ]]; then
 fi
 # Debian's launcher script may complain on stderr (its /etc/chromium.d/dev-shm
 # test trips over a /dev/shm that findmnt lists twice): harmless, hidden.
-chromium_version=$("$chromium" --version 2>/dev/null | grep -oE '[0-9]+(\.[0-9]+){3}' | head -n1) \
+chromium_version=$("$chromium" --version 2>/dev/null | grep -oE '[0-9]+(\.[0-9]+){3}' | sed -n 1p) \
   || die "$chromium --version failed"
 [[ -n $chromium_version ]] || die "$chromium --version printed no version"
 

@@ -26,7 +26,7 @@ complete() {
   [[ -x $root/usr/bin/ruby3.3 && -x $root/usr/bin/ruby3.4 ]] || return 1
   for v in "${jdks[@]}"; do
     chroot "$root" dpkg -s "openjdk-$v-jre-headless" 2>/dev/null \
-      | grep -qx 'Status: install ok installed' || return 1
+      | grep -x 'Status: install ok installed' >/dev/null || return 1
   done
 }
 

@@ -25,7 +25,7 @@ if ! command -v cargo >/dev/null && [[ -x $HOME/.cargo/bin/cargo ]]; then
   export PATH=$HOME/.cargo/bin:$PATH
 fi
 command -v rustup >/dev/null || { log "rustup is needed (scripts/setup-toolchain.sh installs it)"; exit 1; }
-if ! rustup toolchain list | grep -q '^nightly'; then
+if ! rustup toolchain list | grep '^nightly' >/dev/null; then
   log "installing the nightly toolchain"
   rustup toolchain install nightly --profile minimal
 fi

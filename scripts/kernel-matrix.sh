@@ -234,7 +234,7 @@ fetch_kernel() {
 			return 1
 		}
 		if "$HERE/extract-vmlinux.sh" "$dir/vmlinuz" "$dir/vmlinux" &&
-			readelf -n "$dir/vmlinux" 2>/dev/null | grep -q Xen; then
+			readelf -n "$dir/vmlinux" 2>/dev/null | grep Xen >/dev/null; then
 			:
 		else
 			say "$abi: no PVH-bootable vmlinux, will boot vmlinuz"

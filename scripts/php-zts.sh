@@ -12,7 +12,7 @@ prefix=${1:-${ICECORE_PHP_ZTS:-/var/cache/icecore/php-zts}}
 root=${ICECORE_SID_ROOT:-/var/cache/icecore/sid}
 log() { printf 'php-zts: %s\n' "$*" >&2; }
 
-if [[ -x $prefix/bin/php ]] && "$prefix/bin/php" -v 2>/dev/null | grep -q '(ZTS)'; then
+if [[ -x $prefix/bin/php ]] && "$prefix/bin/php" -v 2>/dev/null | grep '(ZTS)' >/dev/null; then
   exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then
@@ -49,4 +49,4 @@ make -j"$(nproc)" >/dev/null 2>&1 || make >/dev/null
 rm -rf "$prefix"
 make install-cli >/dev/null
 strip "$prefix/bin/php"
-"$prefix/bin/php" -v | head -1 >&2
+"$prefix/bin/php" -v | sed -n 1p >&2

@@ -22,9 +22,9 @@ installed() {
   local p
   for p in "$@"; do
     if [[ -n $chroot ]]; then
-      chroot "$chroot" dpkg -s "$p" 2>/dev/null | grep -qx 'Status: install ok installed' || return 1
+      chroot "$chroot" dpkg -s "$p" 2>/dev/null | grep -x 'Status: install ok installed' >/dev/null || return 1
     else
-      dpkg -s "$p" 2>/dev/null | grep -qx 'Status: install ok installed' || return 1
+      dpkg -s "$p" 2>/dev/null | grep -x 'Status: install ok installed' >/dev/null || return 1
     fi
   done
 }

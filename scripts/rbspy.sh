@@ -9,7 +9,7 @@ version=0.55.0
 mkdir -p "$root"
 exec 9>"$root/.lock"
 flock 9
-if [[ -x $root/bin/rbspy ]] && "$root/bin/rbspy" --version 2>/dev/null | grep -qF "$version"; then
+if [[ -x $root/bin/rbspy ]] && "$root/bin/rbspy" --version 2>/dev/null | grep -F "$version" >/dev/null; then
   exit 0
 fi
 export PATH=$HOME/.cargo/bin:$PATH

@@ -34,7 +34,7 @@ if ! command -v cargo >/dev/null; then
   export PATH=$HOME/.cargo/bin:$PATH
 fi
 
-if ! rustup toolchain list | grep -q '^nightly'; then
+if ! rustup toolchain list | grep '^nightly' >/dev/null; then
   log "installing the nightly toolchain"
   rustup toolchain install nightly --profile minimal
 fi
@@ -51,7 +51,7 @@ if [[ ! -d $sysroot/lib/rustlib/src/rust/library/core ]]; then
   fi
 fi
 
-if ! command -v bpf-linker >/dev/null || ! bpf-linker --version 2>/dev/null | grep -q '0\.13\.'; then
+if ! command -v bpf-linker >/dev/null || ! bpf-linker --version 2>/dev/null | grep '0\.13\.' >/dev/null; then
   log "building bpf-linker 0.13 against LLVM 22 (about a minute)"
   LLVM_PREFIX=/usr/lib/llvm-22 cargo install --locked bpf-linker@0.13.0 \
     --no-default-features --features llvm-22
