@@ -70,7 +70,8 @@ pub enum Counter {
     /// CRuby control frames walked.
     RubyFrames = 25,
     /// CRuby samples whose thread has no execution context (a thread that
-    /// never ran Ruby, or one not started yet).
+    /// never ran Ruby, or one not started yet, or, found through the main
+    /// ractor, one not holding the GVL).
     RubyNoExecutionContext = 26,
     /// Reading CRuby's memory failed mid-walk; the Ruby stack ends there.
     RubyReadFailed = 27,

@@ -5,7 +5,7 @@
 //! thread's TLS (`ruby_current_ec`, reached through the DTV from the task's
 //! FS base, so every thread gets its own stack), or, where user space found
 //! no TLS slot, through the main ractor's `running_ec` (the thread holding
-//! the GVL). From the EC it walks the control frames from the newest
+//! the GVL, whose context no other thread takes). From the EC it walks the control frames from the newest
 //! (`ec->cfp`) towards the VM stack's end, one frame per step. Per Ruby
 //! frame it reports the iseq's address and the frame's `pc`; per C-function
 //! frame the callable method entry; user space reads names, paths and line
@@ -63,9 +63,15 @@ pub mod word {
 pub mod ec_kind {
     /// Through the thread's TLS: `*(*(*(fs_base + 8) + 16 * tls_module) + tls_offset)`.
     pub const TLS_DTV: u8 = 0;
-    /// Through `*(*main_ractor_pointer + running_ec)`: the GVL holder's.
+    /// Through `*(*main_ractor_pointer + running_ec)`: the GVL holder's,
+    /// taken only by the thread it belongs to (its `pthread_t`, the address
+    /// of glibc's thread descriptor, is the thread's FS base).
     pub const RUNNING_EC: u8 = 1;
 }
+
+/// [`RubyProcess::native_thread_pthread`] when the word at
+/// [`RubyProcess::thread_pthread`] is the `pthread_t` itself (3.1).
+pub const PTHREAD_IN_THREAD: u16 = u16::MAX;
 
 /// `ep[0]` flag bits and values, the same in 3.1 to 3.4 (`vm_core.h`).
 pub mod frame_flags {
@@ -131,13 +137,21 @@ pub struct RubyProcess {
     pub running_ec: u16,
     /// `sizeof(rb_control_frame_t)`: 64 (3.1, 3.2) or 56 (3.3+).
     pub control_frame_size: u16,
+    /// With [`ec_kind::RUNNING_EC`]: `rb_execution_context_t.thread_ptr`.
+    pub ec_thread: u16,
+    /// With [`ec_kind::RUNNING_EC`]: `rb_thread_t.thread_id` (3.1) or
+    /// `rb_thread_t.nt` (3.2+).
+    pub thread_pthread: u16,
+    /// With [`ec_kind::RUNNING_EC`]: `rb_native_thread.thread_id`, or
+    /// [`PTHREAD_IN_THREAD`].
+    pub native_thread_pthread: u16,
     /// One of [`ec_kind`].
     pub ec_kind: u8,
     /// Zero.
-    pub reserved: [u8; 3],
+    pub reserved: [u8; 5],
 }
 
-const _: () = assert!(core::mem::size_of::<RubyProcess>() == 24);
+const _: () = assert!(core::mem::size_of::<RubyProcess>() == 32);
 
 /// Offsets that are the same in every supported version (3.1 to 3.4).
 mod fixed {
@@ -192,23 +206,36 @@ pub enum RubyStep {
 
 impl RubyProcess {
     /// The sampled thread's execution context; `None` when it runs no Ruby
-    /// (no EC) or memory could not be read. `fs_base` is the thread's.
+    /// (no EC), does not hold the GVL (with [`ec_kind::RUNNING_EC`]), or
+    /// memory could not be read. `fs_base` is the thread's.
     #[inline(always)]
     pub fn execution_context<M: MemoryReader>(&self, fs_base: u64, memory: &mut M) -> Option<u64> {
-        let ec = if self.ec_kind == ec_kind::TLS_DTV {
+        if self.ec_kind == ec_kind::TLS_DTV {
             let block = tls_block(fs_base, self.tls_module, memory)?;
-            memory.read_u64(block.wrapping_add(u64::from(self.tls_offset)))?
-        } else {
-            if self.main_ractor_pointer == 0 {
-                return None;
-            }
-            let ractor = memory.read_u64(self.main_ractor_pointer)?;
-            if ractor == 0 {
-                return None;
-            }
-            memory.read_u64(ractor.wrapping_add(u64::from(self.running_ec)))?
-        };
-        (ec != 0).then_some(ec)
+            let ec = memory.read_u64(block.wrapping_add(u64::from(self.tls_offset)))?;
+            return (ec != 0).then_some(ec);
+        }
+        if self.main_ractor_pointer == 0 {
+            return None;
+        }
+        let ractor = memory.read_u64(self.main_ractor_pointer)?;
+        if ractor == 0 {
+            return None;
+        }
+        let ec = memory.read_u64(ractor.wrapping_add(u64::from(self.running_ec)))?;
+        if ec == 0 {
+            return None;
+        }
+        // The GVL holder's context is another thread's unless its thread
+        // is this one: without this, a thread waiting for the GVL would be
+        // given the holder's Ruby stack.
+        let thread = memory.read_u64(ec.wrapping_add(u64::from(self.ec_thread)))?;
+        let mut pthread = memory.read_u64(thread.wrapping_add(u64::from(self.thread_pthread)))?;
+        if self.native_thread_pthread != PTHREAD_IN_THREAD {
+            pthread =
+                memory.read_u64(pthread.wrapping_add(u64::from(self.native_thread_pthread)))?;
+        }
+        (fs_base != 0 && pthread == fs_base).then_some(ec)
     }
 
     /// The frames of `ec`, checked: `ec->cfp` inside the VM stack, on a

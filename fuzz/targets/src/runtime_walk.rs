@@ -419,7 +419,8 @@ fn perl(data: &[u8]) -> usize {
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("python-3.12", python_seed()),
-        ("ruby-3.3", ruby_seed()),
+        ("ruby-3.3", ruby_seed(false)),
+        ("ruby-3.3-running-ec", ruby_seed(true)),
         ("hotspot-interpreted", hotspot_seed()),
         ("v8-interpreted", v8_seed()),
         ("php-8", php_seed()),
@@ -501,24 +502,38 @@ fn python_seed() -> Vec<u8> {
     m.input(0, &p, [0x7f00_0012, 0, 0])
 }
 
-/// 3.3: the EC through the DTV, a method frame, a C function, a block.
-fn ruby_seed() -> Vec<u8> {
+/// 3.3: the EC through the DTV (or, with `running_ec`, the main ractor's
+/// GVL holder, whose native thread is the sampled one), a method frame, a
+/// C function, a block.
+fn ruby_seed(running_ec: bool) -> Vec<u8> {
     use icecore_unwinders::ruby::{ec_kind, frame_flags};
     const CFP: u64 = 56;
     let p = RubyProcess {
-        main_ractor_pointer: 0,
+        main_ractor_pointer: if running_ec { BASE + 0x180 } else { 0 },
         tls_module: 1,
         tls_offset: 16,
         running_ec: 0x180,
         control_frame_size: CFP as u16,
-        ec_kind: ec_kind::TLS_DTV,
-        reserved: [0; 3],
+        ec_thread: 48,
+        thread_pthread: 40,
+        native_thread_pthread: 16,
+        ec_kind: if running_ec {
+            ec_kind::RUNNING_EC
+        } else {
+            ec_kind::TLS_DTV
+        },
+        reserved: [0; 5],
     };
     let mut m = Seed::default();
     let fs_base = BASE + 0x100;
     m.put(0x108, BASE + 0x200); // the DTV
     m.put(0x210, BASE + 0x300); // module 1's block
     m.put(0x310, BASE + 0x400); // ruby_current_ec
+    m.put(0x180, BASE + 0x500); // ruby_single_main_ractor
+    m.put(0x680, BASE + 0x400); // its running_ec
+    m.put(0x430, BASE + 0x700); // ec->thread_ptr
+    m.put(0x728, BASE + 0x780); // thread->nt
+    m.put(0x790, fs_base); // nt->thread_id
     let stack = BASE + 0x1000;
     let words = 0x40;
     let end = stack + words * 8;

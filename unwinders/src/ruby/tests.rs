@@ -21,8 +21,11 @@ fn tls_process() -> RubyProcess {
         tls_offset: 16,
         running_ec: 0x180,
         control_frame_size: CFP as u16,
+        ec_thread: 48,
+        thread_pthread: 40,
+        native_thread_pthread: 16,
         ec_kind: ec_kind::TLS_DTV,
-        reserved: [0; 3],
+        reserved: [0; 5],
     }
 }
 
@@ -66,9 +69,30 @@ fn finds_the_ec_through_tls_or_the_running_ec() {
     };
     m.put(0x3000, 0x4000);
     m.put(0x4000 + 0x180, EC);
-    assert_eq!(running.execution_context(0, &mut m), Some(EC));
-    m.put(0x3000, 0);
+    // The GVL holder's thread (`ec->thread_ptr`) and its native thread (`nt`).
+    let thread = 0x6000;
+    let native_thread = 0x7000;
+    m.put(EC + 48, thread);
+    m.put(thread + 40, native_thread);
+    m.put(native_thread + 16, FS_BASE);
+    assert_eq!(running.execution_context(FS_BASE, &mut m), Some(EC));
+    // Another thread, waiting for the GVL, is not given the holder's context.
+    assert_eq!(running.execution_context(FS_BASE + 0x4000, &mut m), None);
     assert_eq!(running.execution_context(0, &mut m), None);
+    // 3.1: the pthread_t in the thread itself.
+    let direct = RubyProcess {
+        thread_pthread: 88,
+        native_thread_pthread: PTHREAD_IN_THREAD,
+        ..running
+    };
+    m.put(thread + 88, FS_BASE);
+    assert_eq!(direct.execution_context(FS_BASE, &mut m), Some(EC));
+    assert_eq!(direct.execution_context(FS_BASE + 0x4000, &mut m), None);
+    // An unreadable thread, and no ractor.
+    m.put(EC + 48, 0x66_0000);
+    assert_eq!(running.execution_context(FS_BASE, &mut m), None);
+    m.put(0x3000, 0);
+    assert_eq!(running.execution_context(FS_BASE, &mut m), None);
 }
 
 #[test]

@@ -206,8 +206,11 @@ impl RubyBinary {
             tls_offset: 0,
             running_ec: self.layout.ractor_running_ec,
             control_frame_size: self.layout.control_frame_size,
+            ec_thread: self.layout.ec_thread_ptr,
+            thread_pthread: self.layout.thread_pthread,
+            native_thread_pthread: self.layout.native_thread_pthread,
             ec_kind: ec_kind::RUNNING_EC,
-            reserved: [0; 3],
+            reserved: [0; 5],
         };
         if let Some(pair) = self.tls_got_pair {
             let pair = bias.wrapping_add(pair);

@@ -3,6 +3,8 @@
 //! headers of each version, checked against Debian's libruby 3.1.2, 3.3.8
 //! and 3.4.11 by reading live processes (`walk_tests.rs` does so in CI).
 
+use icecore_unwinders::ruby::PTHREAD_IN_THREAD;
+
 /// Where the fields icecore reads sit in one CRuby minor version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RubyLayout {
@@ -12,6 +14,12 @@ pub struct RubyLayout {
     pub control_frame_size: u16,
     /// `rb_ractor_t.threads.running_ec`.
     pub ractor_running_ec: u16,
+    /// `rb_execution_context_t.thread_ptr`.
+    pub ec_thread_ptr: u16,
+    /// `rb_thread_t.thread_id` (a `pthread_t`, 3.1) or `rb_thread_t.nt`.
+    pub thread_pthread: u16,
+    /// `rb_native_thread.thread_id`, or [`PTHREAD_IN_THREAD`] (3.1).
+    pub native_thread_pthread: u16,
     /// `rb_iseq_t.body`.
     pub iseq_body: u64,
     /// `rb_iseq_constant_body.location.pathobj`.
@@ -84,6 +92,9 @@ const V3_1: RubyLayout = RubyLayout {
     version: (3, 1),
     control_frame_size: 64,
     ractor_running_ec: 0x208,
+    ec_thread_ptr: 48,
+    thread_pthread: 80,
+    native_thread_pthread: PTHREAD_IN_THREAD,
     iseq_body: 16,
     body_pathobj: 64,
     body_label: 80,
@@ -103,9 +114,12 @@ const V3_1: RubyLayout = RubyLayout {
 };
 
 /// 3.2: `first_lineno` became an int, so `insns_info` moved by 8; Strings
-/// always keep their length at +16 and embedded bytes at +24.
+/// always keep their length at +16 and embedded bytes at +24; a thread's
+/// `pthread_t` moved to its native thread (`rb_native_thread`).
 const V3_2: RubyLayout = RubyLayout {
     version: (3, 2),
+    thread_pthread: 40,
+    native_thread_pthread: 8,
     first_lineno_is_value: false,
     body_insns_info: 112,
     body_insns_info_size: 128,
@@ -118,11 +132,12 @@ const V3_2: RubyLayout = RubyLayout {
 };
 
 /// 3.3: `rb_control_frame_t` lost `__bp__`; the ractor's thread scheduler
-/// shrank.
+/// shrank; `rb_native_thread` starts with a serial and its VM.
 const V3_3: RubyLayout = RubyLayout {
     version: (3, 3),
     control_frame_size: 56,
     ractor_running_ec: 0x180,
+    native_thread_pthread: 16,
     class_names: ClassNames::Fields {
         classpath: 152,
         attached_object: 128,

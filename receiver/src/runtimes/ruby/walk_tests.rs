@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use icecore_unwinders::ruby::{
-    ControlFrames, MAX_RUBY_FRAMES, RubyProcess, RubyStep, TAGS, ec_kind, more,
+    ControlFrames, MAX_RUBY_FRAMES, PTHREAD_IN_THREAD, RubyProcess, RubyStep, TAGS, ec_kind, more,
 };
 
 use icecore_otlp::model::FrameKind;
@@ -32,8 +32,10 @@ use crate::{
 
 /// Spins in a block of `Shop#leaf` (under the C function `Array#cycle`:
 /// 3.3 made `Kernel#loop` Ruby code), below a singleton method and two
-/// top-level methods, after saying so. Lines are the script's.
-const SCRIPT: &str = "class Shop
+/// top-level methods, after saying so, while a second Ruby thread sleeps
+/// (without the GVL). Lines are the script's.
+const SCRIPT: &str = "s = Thread.new { Thread.current.name = 'sleeper'; sleep }; Thread.pass until s.status == 'sleep'
+class Shop
   def self.open; new.leaf; end
   def leaf
     $stdout.puts 'ready'; $stdout.flush
@@ -51,16 +53,16 @@ top
 ";
 
 /// The frames expected, newest first: name, and the lines it may be at (none
-/// for a C function). The block may be caught at its `end` (line 10), where
+/// for a C function). The block may be caught at its `end` (line 11), where
 /// it returns to `Array#cycle` once every 100,000 iterations.
 const EXPECTED: [(&str, &[u32]); 7] = [
-    ("block in Shop#leaf", &[6, 7, 8, 9, 10]),
+    ("block in Shop#leaf", &[7, 8, 9, 10, 11]),
     ("Array#cycle", &[]),
-    ("Shop#leaf", &[5]),
-    ("Shop.open", &[2]),
-    ("Object#mid", &[13]),
-    ("Object#top", &[14]),
-    ("<main>", &[15]),
+    ("Shop#leaf", &[6]),
+    ("Shop.open", &[3]),
+    ("Object#mid", &[14]),
+    ("Object#top", &[15]),
+    ("<main>", &[16]),
 ];
 
 /// Debian's ruby3.1, sid's ruby3.3 and experimental's ruby3.4
@@ -75,6 +77,30 @@ fn interpreters() -> Vec<Ruby> {
         &in_sid,
         "apt-get install ruby3.1; scripts/cpython-chroots.sh",
     )
+}
+
+/// The `pthread_t` of the thread whose execution context is `ec`.
+fn pthread_of(process: &RubyProcess, ec: Option<u64>, memory: &HostMemory) -> Option<u64> {
+    let read = |address: u64| memory.0.read_u64(address).ok();
+    let thread = read(ec? + u64::from(process.ec_thread))?;
+    let pthread = read(thread + u64::from(process.thread_pthread))?;
+    if process.native_thread_pthread == PTHREAD_IN_THREAD {
+        Some(pthread)
+    } else {
+        read(pthread + u64::from(process.native_thread_pthread))
+    }
+}
+
+/// The thread of `pid` whose name is `name`.
+fn thread_named(pid: u32, name: &str) -> u32 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .find(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .and_then(|task| task.file_name().to_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("no thread {name} in {pid}"))
 }
 
 /// The words the BPF program writes for the walk of `fs_base`'s thread.
@@ -110,6 +136,7 @@ fn walk(process: &RubyProcess, fs_base: u64, memory: &mut HostMemory) -> Vec<u64
 
 #[test]
 fn the_bpf_walk_and_the_plugin_name_every_frame_of_live_processes() {
+    let mut checked_running_ec = Vec::new();
     for ruby in interpreters() {
         let (child, line) = spawn_and_read_line(ruby.command().args(["-e", SCRIPT]));
         assert_eq!(line, "ready");
@@ -128,14 +155,44 @@ fn the_bpf_walk_and_the_plugin_name_every_frame_of_live_processes() {
         let fs_base = stopped.registers.fs_base;
         let mut reader = HostMemory(ProcessMemory::open(pid).unwrap());
         let words = walk(&process, fs_base, &mut reader);
-        // The GVL holder is this thread: the fallback finds the same context.
-        let running = RubyProcess {
-            ec_kind: ec_kind::RUNNING_EC,
-            main_ractor_pointer: binary.main_ractor_pointer.map_or(0, |p| bias + p),
-            ..process
-        };
-        let by_ractor = running.execution_context(0, &mut reader);
+        // The sleeping thread has its own context through TLS.
         let by_tls = process.execution_context(fs_base, &mut reader);
+        let sleeper = Stopped::now(thread_named(pid, "sleeper"));
+        let sleeper_fs_base = sleeper.registers.fs_base;
+        let sleeper_ec = process.execution_context(sleeper_fs_base, &mut reader);
+        assert!(by_tls.is_some(), "{ruby:?}");
+        assert!(sleeper_ec.is_some() && sleeper_ec != by_tls, "{ruby:?}");
+        // Each context leads to its thread's pthread_t, its FS base, by the
+        // offsets the fallback below uses (every version, exported or not).
+        for (ec, thread_fs_base) in [(by_tls, fs_base), (sleeper_ec, sleeper_fs_base)] {
+            assert_eq!(
+                pthread_of(&process, ec, &reader),
+                Some(thread_fs_base),
+                "{ruby:?}"
+            );
+        }
+        // Where libruby exports the main ractor (3.1; 3.3 and 3.4 do not),
+        // the fallback through it finds the GVL holder's, this thread's,
+        // context, and none for the sleeping thread, which does not hold it.
+        if let Some(main_ractor) = binary.main_ractor_pointer {
+            let running = RubyProcess {
+                ec_kind: ec_kind::RUNNING_EC,
+                main_ractor_pointer: bias + main_ractor,
+                ..process
+            };
+            assert_eq!(
+                running.execution_context(fs_base, &mut reader),
+                by_tls,
+                "{ruby:?}"
+            );
+            assert_eq!(
+                running.execution_context(sleeper_fs_base, &mut reader),
+                None,
+                "{ruby:?}"
+            );
+            checked_running_ec.push(binary.version.clone());
+        }
+        drop(sleeper);
 
         // The plugin describes the process as BPF will see it, and names
         // the frames while the process is stopped.
@@ -187,12 +244,15 @@ fn the_bpf_walk_and_the_plugin_name_every_frame_of_live_processes() {
             [1, 6],
             "{ruby:?}"
         );
-        if binary.main_ractor_pointer.is_some() {
-            assert_eq!(by_ractor, by_tls, "{ruby:?}");
-        }
         plugin.detach(pid);
         assert_eq!(map.get(pid), None);
     }
+    // Debian's 3.1 exports it: the fallback is checked on a live process.
+    assert!(
+        !checked_running_ec.is_empty(),
+        "no Ruby exports its main ractor"
+    );
+    println!("the main ractor's GVL holder checked on {checked_running_ec:?}");
 }
 
 /// Every libruby of the interpreters tested reads as a supported version,
