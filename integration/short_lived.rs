@@ -388,9 +388,32 @@ fn a_reused_pid_is_never_given_the_previous_process_samples() {
                 ));
             }
             if n < 20 || (mine as f64) < MIN_OWN_PCT / 100.0 * n as f64 {
+                // What the samples held instead, most frequent first.
+                let mut stacks: Vec<&support::summary::DecodedSample> = samples.iter().collect();
+                stacks.sort_by_key(|s| std::cmp::Reverse(s.count));
+                let shown: Vec<String> = stacks
+                    .iter()
+                    .take(3)
+                    .map(|s| {
+                        let frames: Vec<String> = s
+                            .stack
+                            .iter()
+                            .map(|f| {
+                                format!(
+                                    "{} ({} {:#x} in {})",
+                                    f.function,
+                                    f.kind.as_deref().unwrap_or("?"),
+                                    f.address,
+                                    f.mapping.as_deref().unwrap_or("-")
+                                )
+                            })
+                            .collect();
+                        format!("{} x [{}]", s.count, frames.join(", "))
+                    })
+                    .collect();
                 failures.push(format!(
                     "pid {pid} as {image}: {mine} of {n} samples in {own}, at least \
-                     {MIN_OWN_PCT}% of 20 expected"
+                     {MIN_OWN_PCT}% of 20 expected; its most frequent stacks: {shown:?}"
                 ));
             }
         }
