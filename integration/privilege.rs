@@ -246,11 +246,7 @@ fn runs_as_nobody_with_the_kept_capabilities_and_still_profiles() {
     let in_kernel = of(syscalls.pid());
     let (mut frames, mut named) = (0u64, 0u64);
     for smp in &in_kernel {
-        // pprof has no frame kinds: the kernel is a mapping.
-        let kernel = |f: &&support::summary::Frame| {
-            f.is_kernel() || f.mapping.as_deref() == Some("[kernel.kallsyms]")
-        };
-        for frame in smp.stack.iter().filter(kernel) {
+        for frame in smp.stack.iter().filter(|f| f.is_kernel()) {
             frames += smp.count;
             if looks_like_symbol(&frame.function) {
                 named += smp.count;

@@ -139,6 +139,12 @@ fn unknown_fields(msg: &DynamicMessage, path: &str, out: &mut Vec<String>) {
     }
 }
 
+/// pprof has no frame kinds; by the convention of perf and Parca, kernel
+/// frames are those of the `[kernel.kallsyms]` mapping.
+fn kernel_kind(mapping: Option<&str>) -> Option<String> {
+    (mapping == Some("[kernel.kallsyms]")).then(|| "kernel".to_owned())
+}
+
 /// Gunzips and decodes one pprof file.
 pub fn decode_file(path: &Path) -> PprofProfile {
     let compressed = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
@@ -239,7 +245,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
             };
             frames.push(Frame {
                 function: name,
-                kind: None,
+                kind: kernel_kind(mapping.as_deref()),
                 address,
                 mapping: mapping.clone(),
                 filename: None,
@@ -250,7 +256,7 @@ pub fn decode_bytes(bytes: &[u8], path: &Path) -> PprofProfile {
         if frames.is_empty() {
             frames.push(Frame {
                 function: String::new(),
-                kind: None,
+                kind: kernel_kind(mapping.as_deref()),
                 address,
                 mapping,
                 filename: None,
