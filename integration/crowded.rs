@@ -15,6 +15,9 @@
 //! back. The libraries are leaves without frame pointers, so a sample in one
 //! reaches `main` only through its file's table.
 //!
+//! A second test maps 300 libraries in one process, more than its BPF
+//! mapping table holds: the mappings left out must come back when sampled.
+//!
 //! Needs root (it loads BPF programs); without root it prints why it is
 //! skipped and passes.
 //!
@@ -82,6 +85,18 @@ fn build_libraries(dir: &Path, count: usize) -> PathBuf {
     libs
 }
 
+/// Builds the crowd's program (`fixtures/crowd.c`), without frame pointers.
+fn build_crowd(dir: &Path) -> PathBuf {
+    support::build::compile(
+        "clang",
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        "crowd.c",
+        &["-ldl"],
+        dir,
+        "crowd",
+    )
+}
+
 /// Bytes of the unwind tables of `pid`'s executable files (those under
 /// `skip` left out), as icecore sizes them.
 fn table_bytes_of(pid: u32, skip: &Path) -> (usize, usize) {
@@ -130,6 +145,43 @@ fn reaches_main(samples: &[DecodedSample]) -> (u64, u64) {
     (count_where(samples, |s| s.contains("main")), total(samples))
 }
 
+/// Judges a crowd process's samples in `start..end`: those taken
+/// [`COME_BACK`] after their library's first must reach `main`. Prints the
+/// figures (and the stacks cut short, when failing) under `what`, and
+/// returns the failure.
+fn crowd_complete(what: &str, samples: &[DecodedSample], start: u64, end: u64) -> Option<String> {
+    let judged = after_first_samples(samples, start, end);
+    let (complete, n) = reaches_main(&judged);
+    let (all_complete, all) = reaches_main(
+        &samples
+            .iter()
+            .filter_map(|s| s.between(start, end))
+            .collect::<Vec<_>>(),
+    );
+    println!(
+        "{what}: {complete} of {n} samples taken {} s or more after their library's first \
+         reach main ({:.2}%); of all its samples {all_complete} of {all}",
+        COME_BACK.as_secs(),
+        pct(complete, n)
+    );
+    if n >= 100 && pct(complete, n) >= MIN_CROWD_COMPLETE_PCT {
+        return None;
+    }
+    let cut: Vec<DecodedSample> = judged
+        .iter()
+        .filter(|s| !s.contains("main"))
+        .cloned()
+        .collect();
+    println!(
+        "{what}: its stacks that do not reach main:\n{}",
+        top_stacks(&cut, 5)
+    );
+    Some(format!(
+        "{what}: {complete} of {n} samples reach main, at least {MIN_CROWD_COMPLETE_PCT}% of \
+         100 expected"
+    ))
+}
+
 /// Unwind tables stay within `--unwind-table-memory` on a host mapping more
 /// libraries than it holds; the least recently sampled leave and come back.
 #[test]
@@ -152,14 +204,7 @@ fn unwind_tables_stay_within_their_budget_on_a_crowded_host() {
         let table = unwind_table::build_table(&libs.join("libcrowd0000.so")).expect("lib table");
         UnwindMaps::table_bytes(table.rows.len())
     };
-    let crowd_exe = support::build::compile(
-        "clang",
-        &["-O2", "-fomit-frame-pointer", "-g"],
-        "crowd.c",
-        &["-ldl"],
-        tmp.path(),
-        "crowd",
-    );
+    let crowd_exe = build_crowd(tmp.path());
     let hot_exe = compile_native_c(C_FLAGS, tmp.path(), "hot");
     println!(
         "{TEST}: built {files} libraries in {:.1} s",
@@ -282,36 +327,80 @@ fn unwind_tables_stay_within_their_budget_on_a_crowded_host() {
         let start = crowd_started + phase as u64 * PHASE.as_nanos() as u64;
         let end = start + PHASE.as_nanos() as u64;
         let samples = of_pid_since(&received.samples, crowd[p].pid(), 0).0;
-        let judged = after_first_samples(&samples, start, end);
-        let (complete, n) = reaches_main(&judged);
-        let (all_complete, all) = reaches_main(
-            &samples
-                .iter()
-                .filter_map(|s| s.between(start, end))
-                .collect::<Vec<_>>(),
-        );
-        println!(
-            "{TEST}: phase {phase}, crowd process {p}: {complete} of {n} samples taken over {} s \
-             after their library's first sample of the phase reach main ({:.2}%); of all its \
-             samples {all_complete} of {all}",
-            COME_BACK.as_secs(),
-            pct(complete, n)
-        );
-        if n < 100 || pct(complete, n) < MIN_CROWD_COMPLETE_PCT {
-            let cut: Vec<DecodedSample> = judged
-                .iter()
-                .filter(|s| !s.contains("main"))
-                .cloned()
-                .collect();
-            println!(
-                "{TEST}: its stacks that do not reach main:\n{}",
-                top_stacks(&cut, 5)
-            );
-            failures.push(format!(
-                "phase {phase}, crowd process {p}: {complete} of {n} samples reach main, at \
-                 least {MIN_CROWD_COMPLETE_PCT}% of 100 expected"
-            ));
-        }
+        let what = format!("{TEST}: phase {phase}, crowd process {p}");
+        failures.extend(crowd_complete(&what, &samples, start, end));
     }
+    assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
+}
+
+/// A process mapping more executable files than its BPF mapping table holds
+/// (256 entries) keeps the mappings its samples go through: the crowd maps
+/// 300 libraries and runs only the 40 it `dlopen`ed last, which the loader
+/// placed lowest and which are left out until sampled. Each comes back once
+/// a sample goes through it; from then on its samples reach `main` (the
+/// libraries have no frame pointers: only their tables get there).
+#[test]
+fn a_process_mapping_more_than_its_table_holds_keeps_its_sampled_mappings() {
+    const TEST: &str = "a_process_mapping_more_than_its_table_holds_keeps_its_sampled_mappings";
+    const LIBRARIES: usize = 300;
+    const RUN: usize = 40;
+    const RUN_FOR: Duration = Duration::from_secs(6);
+    if !require_root(TEST) {
+        return;
+    }
+    let _serial = serial();
+    let tmp = temp_dir();
+    let libs = build_libraries(tmp.path(), LIBRARIES);
+    let crowd_exe = build_crowd(tmp.path());
+    let mut crowd = Fixture::spawn_args(
+        &crowd_exe,
+        &[
+            libs.display().to_string(),
+            s(0),
+            s(LIBRARIES),
+            RUN_FOR.as_millis().to_string(),
+            s(0),
+            (RUN_FOR.as_secs() + 30).to_string(),
+            s(LIBRARIES - RUN),
+            s(RUN),
+        ],
+    );
+    let mapped = ProcessMappings::read(crowd.pid())
+        .expect("read the crowd's mappings")
+        .executable()
+        .count();
+    println!("{TEST}: the crowd maps {mapped} executable ranges");
+    assert!(
+        mapped >= 256 + RUN,
+        "{TEST}: {mapped} executable mappings leave fewer than {RUN} out"
+    );
+    let mut run = SystemWideRun::spawn(tmp, HZ, &[s("--pid"), s(crowd.pid())]);
+    // SAFETY: kill(2) on a child's pid, not yet reaped.
+    let sent = unsafe { libc::kill(crowd.pid() as i32, libc::SIGUSR1) };
+    assert_eq!(sent, 0, "{TEST}: cannot signal the crowd");
+    let start = now_unix_nanos();
+    std::thread::sleep(RUN_FOR);
+    let end = now_unix_nanos();
+    let m = run
+        .icecore
+        .metrics_after_next_batch(Duration::from_secs(10));
+    run.icecore.stop();
+    assert!(crowd.is_running(), "{TEST}: the crowd died");
+    let left_out = m.value("icecore_process_mappings_left_out");
+    let sampled_left_out = m.value("icecore_process_mappings_sampled_left_out_total");
+    let received = run.otlp_of(crowd.pid());
+    let samples = of_pid_since(&received.samples, crowd.pid(), 0).0;
+    println!(
+        "{TEST}: {left_out} mappings left out at the end, samples through one \
+         {sampled_left_out} times"
+    );
+    let mut failures = Vec::new();
+    if left_out < (mapped - 256) as f64 || sampled_left_out < 1.0 {
+        failures.push(format!(
+            "{left_out} mappings left out and {sampled_left_out} samples through one: the \
+             {RUN} libraries run should have been out, then sampled"
+        ));
+    }
+    failures.extend(crowd_complete(TEST, &samples, start, end));
     assert!(failures.is_empty(), "{TEST}:\n  {}", failures.join("\n  "));
 }

@@ -476,7 +476,7 @@ fn render(stats: &ProfilerStats) -> String {
         crate::off_cpu_metrics::render(&mut out, off_cpu);
     }
     let native = &stats.native;
-    let scalars: [(&str, &str, &str, f64); 23] = [
+    let scalars: [(&str, &str, &str, f64); 25] = [
         (
             "icecore_execs_total",
             "counter",
@@ -608,6 +608,18 @@ fn render(stats: &ProfilerStats) -> String {
             "counter",
             "Unwind tables put back into BPF after a sample went through their file.",
             native.tables_readmitted as f64,
+        ),
+        (
+            "icecore_process_mappings_left_out",
+            "gauge",
+            "Executable mappings left out of processes' BPF mapping tables (each holds 256) now; the least recently sampled leave first.",
+            native.mappings_left_out as f64,
+        ),
+        (
+            "icecore_process_mappings_sampled_left_out_total",
+            "counter",
+            "Times a sample went through a mapping left out of its process's mapping table, which brings it back.",
+            native.mappings_sampled_left_out as f64,
         ),
         (
             "icecore_unwind_table_budget_bytes",

@@ -8,7 +8,9 @@
 //! cache so a file mapped again (a command run in a loop) is reinstalled
 //! without rebuilding. The tables' memory is bounded ([`budget`]): on a host
 //! mapping more than it holds, the least recently sampled files' tables leave
-//! and come back when sampled again.
+//! and come back when sampled again. A process mapping more than its BPF
+//! mapping table holds keeps its most recently sampled mappings there
+//! ([`cap`]).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -24,12 +26,15 @@ use icecore_unwinders::{
     native::{MappingEntry, ProcessMappingTable, mappings::MAX_PROCESS_MAPPINGS},
 };
 use lru::LruCache;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 mod budget;
+mod cap;
 mod overlay;
+mod residency;
 
-use budget::{Sampled, TableBudget};
+use budget::TableBudget;
+use cap::LeftOut;
 
 pub use overlay::overlay_runtime_code;
 
@@ -92,8 +97,12 @@ pub struct NativeUnwindStats {
     pub processes_described: usize,
     /// Kernel memory of the tables' and processes' inner maps now.
     pub inner_map_bytes: u64,
-    /// Executable mappings left out because a process had more than BPF holds.
-    pub mappings_left_out: u64,
+    /// Executable mappings left out of processes' BPF mapping tables now,
+    /// because a process has more than a table holds.
+    pub mappings_left_out: usize,
+    /// Times a sample went through a mapping left out of its process's
+    /// mapping table (once per mapping of the sample), which brings it back.
+    pub mappings_sampled_left_out: u64,
     /// Failed BPF map updates.
     pub map_update_failures: u64,
     /// Tables not installed because BPF's table budget was spent and no
@@ -115,6 +124,11 @@ struct FileRange {
     end: u64,
     file_id: u64,
     key: FileKey,
+    /// When a sample last went through the range.
+    last_sampled: Option<Instant>,
+    /// Whether the process's BPF mapping table holds the range (one with
+    /// more mappings than the table holds leaves some out).
+    in_table: bool,
 }
 
 /// The native unwinder's user-space half.
@@ -135,6 +149,8 @@ pub struct NativeUnwindInfo {
     leaving: Vec<u64>,
     /// Files left out that a sample went through since the last poll.
     sampled_outside: HashSet<u64>,
+    /// Processes with mappings left out of their mapping tables.
+    left_out: LeftOut,
     /// Files let back in whose table is not installed yet.
     returning: HashSet<u64>,
     /// Installed tables no process uses, since when: removed after
@@ -170,6 +186,31 @@ fn table_pending(mapping: &MappedFile) -> MappingEntry {
         dispatch: Dispatch::TablePending as u8,
         ..MappingEntry::default()
     }
+}
+
+/// The range of `ranges` (sorted by start) that holds `address`.
+fn range_of(ranges: &[FileRange], address: u64) -> Option<&FileRange> {
+    let index = ranges.partition_point(|r| r.start <= address);
+    index
+        .checked_sub(1)
+        .and_then(|i| ranges.get(i))
+        .filter(|r| address < r.end)
+}
+
+/// Gives `new` ranges (a new description of a process) the sampling times
+/// of the same ranges in `old` (both sorted by start).
+fn carry_recency(old: &[FileRange], new: &mut [FileRange]) {
+    for range in new {
+        range.last_sampled = range_of(old, range.start)
+            .filter(|o| o.start == range.start && o.file_id == range.file_id)
+            .and_then(|o| o.last_sampled);
+    }
+}
+
+/// Whether `entries` (sorted by start) hold any part of `range`.
+fn holds(entries: &[MappingEntry], range: &FileRange) -> bool {
+    let index = entries.partition_point(|e| e.end <= range.start);
+    entries.get(index).is_some_and(|e| e.start < range.end)
 }
 
 /// Bytes of unwind-table rows kept in BPF maps at most, by default: a busy
@@ -235,6 +276,7 @@ impl NativeUnwindInfo {
             budget: TableBudget::new(max_table_bytes),
             leaving: Vec::new(),
             sampled_outside: HashSet::new(),
+            left_out: LeftOut::default(),
             returning: HashSet::new(),
             idle: HashMap::new(),
             process_files: HashMap::new(),
@@ -310,6 +352,8 @@ impl NativeUnwindInfo {
                 end: mapping.end,
                 file_id: built.file_id,
                 key,
+                last_sampled: None,
+                in_table: true,
             });
             let Some((slot, live)) = self.use_table(pid, key, &built) else {
                 continue;
@@ -331,8 +375,33 @@ impl NativeUnwindInfo {
             });
         }
         let entries = overlay_runtime_code(entries, &runtimes.code);
-        if entries.len() > MAX_PROCESS_MAPPINGS {
-            self.stats.mappings_left_out += (entries.len() - MAX_PROCESS_MAPPINGS) as u64;
+        if let Some(old) = self.file_ranges.get(&pid) {
+            carry_recency(old, &mut ranges);
+        }
+        let mapped = entries.len();
+        // Which ranges have an entry before the cap: only those can it leave
+        // out (a table the budget keeps out has none, and comes back by the
+        // budget's rules).
+        let had_entry: Vec<bool> = if mapped > MAX_PROCESS_MAPPINGS {
+            ranges.iter().map(|r| holds(&entries, r)).collect()
+        } else {
+            Vec::new()
+        };
+        let (entries, left_out) = cap::keep_within(entries, MAX_PROCESS_MAPPINGS, |entry| {
+            range_of(&ranges, entry.start).and_then(|r| r.last_sampled)
+        });
+        if self.left_out.set_count(pid, left_out) {
+            info!(
+                pid,
+                mapped,
+                held = MAX_PROCESS_MAPPINGS,
+                "the process has more executable mappings than its BPF table holds: the least \
+                 recently sampled are left out (a sample through one is cut short there, and \
+                 brings it back)"
+            );
+        }
+        for (range, had_entry) in ranges.iter_mut().zip(had_entry) {
+            range.in_table = !had_entry || holds(&entries, range);
         }
         let count = entries.len().min(MAX_PROCESS_MAPPINGS);
         table.entries[..count].copy_from_slice(&entries[..count]);
@@ -369,107 +438,6 @@ impl NativeUnwindInfo {
                 debug!("table build queue full, retrying later: {e}");
                 false
             }
-        }
-    }
-
-    /// Records that `pid` uses a file's table, installing it if needed
-    /// (making room in the budget), and returns its slot and whether BPF
-    /// sees it yet; `None` when the table is not in BPF (left out by the
-    /// budget, or failed).
-    fn use_table(&mut self, pid: u32, key: FileKey, built: &BuiltTable) -> Option<(u32, bool)> {
-        let file_id = built.file_id;
-        self.idle.remove(&file_id);
-        self.users.entry(key).or_default().insert(pid);
-        self.table_of.insert(key, file_id);
-        // Out for the budget's sake (perhaps still in BPF on its way out):
-        // frame pointers until a sample through it asks it back.
-        if self.budget.is_outside(file_id) {
-            return None;
-        }
-        let now = Instant::now();
-        let new = !self.maps.has_table(file_id);
-        let bytes = UnwindMaps::table_bytes(built.rows.len());
-        if new {
-            let Some(leaving) = self.budget.make_room(bytes, now) else {
-                debug!(
-                    file_id,
-                    bytes,
-                    used = self.budget.used(),
-                    limit = self.budget.limit(),
-                    installed = self.maps.installed_bytes(),
-                    "unwind table left out: its budget is spent by recently sampled tables"
-                );
-                self.stats.tables_over_budget += 1;
-                self.budget.leave_out(file_id);
-                self.returning.remove(&file_id);
-                return None;
-            };
-            if !leaving.is_empty() {
-                debug!(file_id, ?leaving, "unwind tables leave for another");
-            }
-            self.stats.tables_evicted += leaving.len() as u64;
-            self.leaving.extend(leaving);
-        }
-        match self
-            .maps
-            .install_rows(file_id, built.rows.len(), built.rows.iter())
-        {
-            Ok(slot) => {
-                if new {
-                    self.budget.admit(file_id, bytes, now);
-                    if self.returning.remove(&file_id) {
-                        // Back because a sample went through it: as
-                        // recently sampled as that, not a never-sampled
-                        // newcomer the next one would push out.
-                        self.budget.sampled(file_id, now);
-                        self.stats.tables_readmitted += 1;
-                    }
-                }
-                let live = self.maps.is_live(file_id);
-                if !live {
-                    let waiting = self.installing.entry(file_id).or_default();
-                    if !waiting.contains(&key) {
-                        waiting.push(key);
-                    }
-                }
-                Some((slot, live))
-            }
-            Err(e) => {
-                self.stats.map_update_failures += 1;
-                warn!("cannot install unwind table: {e}");
-                None
-            }
-        }
-    }
-
-    fn release_table(&mut self, pid: u32, key: FileKey) {
-        let Some(users) = self.users.get_mut(&key) else {
-            return;
-        };
-        users.remove(&pid);
-        if users.is_empty() {
-            self.users.remove(&key);
-            if let Some(file_id) = self.table_of.remove(&key) {
-                self.idle.insert(file_id, Instant::now());
-            }
-        }
-    }
-
-    /// Removes the tables idle for longer than [`TABLE_LINGER`].
-    fn remove_idle_tables(&mut self) {
-        if self.idle.is_empty() {
-            return;
-        }
-        let expired: Vec<u64> = self
-            .idle
-            .iter()
-            .filter(|(_, since)| since.elapsed() >= TABLE_LINGER)
-            .map(|(&file_id, _)| file_id)
-            .collect();
-        for file_id in expired {
-            self.idle.remove(&file_id);
-            self.maps.remove_table(file_id);
-            self.budget.forget(file_id);
         }
     }
 
@@ -557,97 +525,6 @@ impl NativeUnwindInfo {
         described
     }
 
-    /// Notes which files a sample's native frames are in: the budget keeps
-    /// the most recently sampled tables, and a file whose table was left
-    /// out comes back at the next poll.
-    pub fn note_sample(&mut self, pid: u32, frames: impl Iterator<Item = u64>, now: Instant) {
-        let Some(ranges) = self.file_ranges.get(&pid) else {
-            return;
-        };
-        let mut last = None;
-        for address in frames {
-            let index = ranges.partition_point(|r| r.start <= address);
-            let Some(range) = index.checked_sub(1).and_then(|i| ranges.get(i)) else {
-                continue;
-            };
-            // Consecutive frames are mostly in one file.
-            if address >= range.end || last == Some(range.file_id) {
-                continue;
-            }
-            last = Some(range.file_id);
-            // A sampled file's table stays in the bounded cache of built
-            // tables: dropped from it, the file would lose its range here
-            // (so its samples would not count) and be rebuilt.
-            self.files.promote(&range.key);
-            if self.budget.sampled(range.file_id, now) == Sampled::Outside {
-                self.sampled_outside.insert(range.file_id);
-            }
-        }
-    }
-
-    /// Takes the tables the budget chose to leave out of BPF, after
-    /// describing their processes without them (a slot is reused only once
-    /// no mapping table points at it), then lets the files sampled while
-    /// out back in.
-    fn settle_budget<'a>(
-        &mut self,
-        mappings_of: &mut impl FnMut(u32) -> Option<&'a ProcessMappings>,
-        described: &mut Vec<u32>,
-    ) {
-        for _ in 0..BUDGET_ROUNDS {
-            let leaving = std::mem::take(&mut self.leaving);
-            let back: Vec<u64> = self.sampled_outside.drain().collect();
-            if leaving.is_empty() && back.is_empty() {
-                return;
-            }
-            for pid in self.processes_mapping(&leaving) {
-                self.describe_again(pid, mappings_of, described);
-            }
-            for &file_id in &leaving {
-                self.maps.remove_table(file_id);
-            }
-            for &file_id in &back {
-                debug!(file_id, "unwind table sampled while out");
-                if self.budget.readmit(file_id) {
-                    self.returning.insert(file_id);
-                }
-            }
-            for pid in self.processes_mapping(&back) {
-                self.describe_again(pid, mappings_of, described);
-            }
-        }
-    }
-
-    /// The described processes that map any of `files`.
-    fn processes_mapping(&self, files: &[u64]) -> Vec<u32> {
-        if files.is_empty() {
-            return Vec::new();
-        }
-        self.file_ranges
-            .iter()
-            .filter(|(_, ranges)| ranges.iter().any(|r| files.contains(&r.file_id)))
-            .map(|(&pid, _)| pid)
-            .collect()
-    }
-
-    /// Describes `pid` again with its current mappings, or forgets it
-    /// when it has none any more.
-    fn describe_again<'a>(
-        &mut self,
-        pid: u32,
-        mappings_of: &mut impl FnMut(u32) -> Option<&'a ProcessMappings>,
-        described: &mut Vec<u32>,
-    ) {
-        match mappings_of(pid) {
-            Some(mappings) => {
-                let runtimes = self.runtimes.get(&pid).cloned().unwrap_or_default();
-                self.describe_process(pid, mappings, &runtimes);
-                described.push(pid);
-            }
-            None => self.forget_process(pid),
-        }
-    }
-
     /// Whether BPF holds a mapping table for `pid`.
     pub fn describes(&self, pid: u32) -> bool {
         self.maps.has_process(pid)
@@ -658,6 +535,7 @@ impl NativeUnwindInfo {
         self.maps.remove_process(pid);
         self.runtimes.remove(&pid);
         self.file_ranges.remove(&pid);
+        self.left_out.forget(pid);
         if let Some(files) = self.process_files.remove(&pid) {
             for key in files {
                 self.release_table(pid, key);
@@ -678,6 +556,7 @@ impl NativeUnwindInfo {
             processes_described: self.process_files.len(),
             inner_map_bytes: self.maps.inner_map_bytes(),
             table_budget_bytes: self.budget.limit(),
+            mappings_left_out: self.left_out.total(),
             ..self.stats
         }
     }
