@@ -6,9 +6,10 @@
 //!
 //! - the systemd unit passes `systemd-analyze verify` without a warning,
 //!   and icecore profiles with exactly its capability bounding set, a
-//!   process of another user in a directory closed to others included;
-//!   without `CAP_SYS_PTRACE` it refuses to start, and without
-//!   `CAP_DAC_READ_SEARCH` that process goes unnamed, so both are needed;
+//!   process of another user in a directory closed to others included, its
+//!   kernel frames named; without `CAP_SYS_PTRACE` it refuses to start,
+//!   without `CAP_DAC_READ_SEARCH` that process goes unnamed, and without
+//!   `CAP_SYSLOG` its kernel frames do, so each is needed;
 //! - the Kubernetes manifests validate strictly against the schemas of
 //!   Kubernetes 1.30 (the first with `appArmorProfile`) and of the newest
 //!   release `kubernetes-validate` knows, and grant the unit's
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use support::pprof::{all_samples, decode_dir};
 use support::run::s;
-use support::summary::{count_where, pct};
+use support::summary::{count_where, looks_like_symbol, pct};
 use support::{Icecore, package_dir, prerequisite, require_root, serial, tmp};
 
 /// Where the test keeps `kubernetes-validate` (from PyPI) between runs.
@@ -328,7 +329,8 @@ fn with_only(caps: &[String]) -> Vec<String> {
 }
 
 /// The busy fixture, owned by `nobody` in a directory only `nobody` may
-/// enter, running as `nobody`: (its pid, the child, the directory).
+/// enter, running as `nobody`, reading `/dev/zero` (mostly in the kernel):
+/// (its pid, the child).
 fn closed_fixture(dir: &Path) -> (u32, std::process::Child) {
     let closed = dir.join("closed");
     std::fs::create_dir(&closed).unwrap();
@@ -348,26 +350,65 @@ fn closed_fixture(dir: &Path) -> (u32, std::process::Child) {
             s("--clear-groups"),
         ])
         .arg(&inside)
-        .arg("30")
+        .args(["syscalls", "30"])
         .stdout(Stdio::null())
         .spawn()
         .expect("start the fixture as nobody");
     (child.id(), child)
 }
 
-/// Samples of `pid` with one of the fixture's functions in their stack,
-/// and all of its samples, from a pprof directory.
-fn named_samples(pprof: &Path, pid: u32) -> (u64, u64) {
+/// How a process's samples were named, from a pprof directory.
+#[derive(Debug, Default, Clone, Copy)]
+struct Named {
+    /// Samples with one of the fixture's functions in their stack.
+    user: u64,
+    /// All its samples.
+    all: u64,
+    /// Samples with kernel frames...
+    in_kernel: u64,
+    /// ...all of them named.
+    kernel_named: u64,
+}
+
+fn named_samples(pprof: &Path, pid: u32) -> Named {
     let samples: Vec<_> = all_samples(&decode_dir(pprof))
         .into_iter()
         .filter(|s| s.pid == Some(i64::from(pid)))
         .collect();
-    let named = count_where(&samples, |s| {
-        s.stack
-            .iter()
-            .any(|f| support::fixture::FIXTURE_FUNCTIONS.contains(&f.function.as_str()))
-    });
-    (named, count_where(&samples, |_| true))
+    fn kernel(s: &support::summary::DecodedSample) -> Vec<&support::summary::Frame> {
+        s.stack.iter().filter(|f| f.is_kernel()).collect()
+    }
+    Named {
+        user: count_where(&samples, |s| {
+            s.stack
+                .iter()
+                .any(|f| support::fixture::FIXTURE_FUNCTIONS.contains(&f.function.as_str()))
+        }),
+        all: count_where(&samples, |_| true),
+        in_kernel: count_where(&samples, |s| !kernel(s).is_empty()),
+        kernel_named: count_where(&samples, |s| {
+            let frames = kernel(s);
+            !frames.is_empty() && frames.iter().all(|f| looks_like_symbol(&f.function))
+        }),
+    }
+}
+
+/// Whether `/proc/kallsyms` shows addresses only to `CAP_SYSLOG` (the
+/// kernel's `kallsyms_show_value`): `kptr_restrict` 1, or 0 with
+/// `perf_event_paranoid` above 1; and whether it hides them from all
+/// (`kptr_restrict` 2).
+fn kallsyms_needs_syslog() -> (bool, bool) {
+    let read = |name: &str| -> i64 {
+        std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let (restrict, paranoid) = (read("kptr_restrict"), read("perf_event_paranoid"));
+    (
+        restrict == 1 || (restrict == 0 && paranoid > 1),
+        restrict >= 2,
+    )
 }
 
 #[test]
@@ -384,7 +425,7 @@ fn the_units_capabilities_are_enough_and_each_is_needed() {
 
     let dir = tmp();
     let (pid, mut fixture) = closed_fixture(dir.path());
-    let run = |name: &str, caps: &[String]| -> (Option<i32>, String, (u64, u64)) {
+    let run = |name: &str, caps: &[String]| -> (Option<i32>, String, Named) {
         let logs = dir.path().join(name);
         std::fs::create_dir(&logs).unwrap();
         let pprof = logs.join("pprof");
@@ -407,22 +448,41 @@ fn the_units_capabilities_are_enough_and_each_is_needed() {
         let counts = if pprof.exists() {
             named_samples(&pprof, pid)
         } else {
-            (0, 0)
+            Named::default()
         };
         (status.code(), icecore.logs(), counts)
     };
 
-    let (code, logs, (named, all)) = run("unit", &caps);
+    let (code, logs, named) = run("unit", &caps);
+    let Named {
+        user,
+        all,
+        in_kernel,
+        kernel_named,
+    } = named;
     println!(
-        "{TEST}: with the unit's capabilities: exit {code:?}, {named} of {all} samples ({:.1}%) \
-         named in the fixture's functions",
-        pct(named, all)
+        "{TEST}: with the unit's capabilities: exit {code:?}, {user} of {all} samples ({:.1}%) \
+         named in the fixture's functions; {kernel_named} of the {in_kernel} with kernel frames \
+         name them all",
+        pct(user, all)
     );
     assert_eq!(code, Some(0), "{TEST}: {logs}");
     assert!(
-        all >= 100 && pct(named, all) >= 90.0,
-        "{TEST}: {named} of {all} samples named with the unit's capabilities\n{logs}"
+        all >= 100 && pct(user, all) >= 90.0,
+        "{TEST}: {user} of {all} samples named with the unit's capabilities\n{logs}"
     );
+    let (needs_syslog, hidden) = kallsyms_needs_syslog();
+    if prerequisite(
+        TEST,
+        !hidden,
+        "kptr_restrict is 2: /proc/kallsyms hides the kernel's addresses even from CAP_SYSLOG",
+    ) {
+        assert!(
+            pct(in_kernel, all) >= 50.0 && pct(kernel_named, in_kernel) >= 90.0,
+            "{TEST}: {kernel_named} of {in_kernel} samples with kernel frames ({all} in all) \
+             name them with the unit's capabilities\n{logs}"
+        );
+    }
 
     let without =
         |cap: &str| -> Vec<String> { caps.iter().filter(|c| *c != cap).cloned().collect() };
@@ -433,14 +493,38 @@ fn the_units_capabilities_are_enough_and_each_is_needed() {
         "{TEST}: without CAP_SYS_PTRACE icecore must refuse, naming it:\n{logs}"
     );
 
-    let (code, logs, (named, all)) = run("no_dac", &without("dac_read_search"));
-    println!("{TEST}: without dac_read_search: exit {code:?}, {named} of {all} samples named");
+    let (code, logs, Named { user, all, .. }) = run("no_dac", &without("dac_read_search"));
+    println!("{TEST}: without dac_read_search: exit {code:?}, {user} of {all} samples named");
     assert_eq!(code, Some(0), "{TEST}: {logs}");
     assert!(
-        all >= 100 && pct(named, all) < 10.0,
+        all >= 100 && pct(user, all) < 10.0,
         "{TEST}: without CAP_DAC_READ_SEARCH the closed directory's binary should go unread, \
-         yet {named} of {all} samples were named"
+         yet {user} of {all} samples were named"
     );
+
+    // Root sees the kernel's addresses without CAP_SYSLOG on a machine
+    // that shows them to all: then there is nothing to show here.
+    if needs_syslog {
+        let (code, logs, named) = run("no_syslog", &without("syslog"));
+        println!(
+            "{TEST}: without syslog: exit {code:?}, {} of the {} samples with kernel frames name \
+             them all",
+            named.kernel_named, named.in_kernel
+        );
+        assert_eq!(code, Some(0), "{TEST}: {logs}");
+        assert!(
+            named.in_kernel >= 50 && pct(named.kernel_named, named.in_kernel) < 10.0,
+            "{TEST}: without CAP_SYSLOG kernel frames should go unnamed, yet {} of {} samples \
+             named them",
+            named.kernel_named,
+            named.in_kernel
+        );
+    } else {
+        println!(
+            "{TEST}: /proc/kallsyms shows addresses without CAP_SYSLOG here (kptr_restrict 0, \
+             perf_event_paranoid at most 1): its need is not shown"
+        );
+    }
     let _ = fixture.kill();
     let _ = fixture.wait();
 }
