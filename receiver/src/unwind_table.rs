@@ -81,8 +81,14 @@ impl BuiltTable {
         // next in the same file page, so an offset alone can match two
         // segments: an executable mapping holds the executable segment that
         // overlaps the file range it maps.
-        let mapped = mapping.file_offset..mapping.file_offset + (mapping.end - mapping.start);
-        let overlaps = |s: &&LoadSegment| s.offset < mapped.end && mapped.start < s.offset + s.size;
+        // Saturating: segments end within the address space (checked when
+        // read), and a mapping's offset plus its length should too.
+        let mapped = mapping.file_offset
+            ..mapping
+                .file_offset
+                .saturating_add(mapping.end.saturating_sub(mapping.start));
+        let end = |s: &LoadSegment| s.offset.saturating_add(s.size);
+        let overlaps = |s: &&LoadSegment| s.offset < mapped.end && mapped.start < end(s);
         let segment = self
             .segments
             .iter()
@@ -90,8 +96,7 @@ impl BuiltTable {
             .find(overlaps)
             .or_else(|| {
                 self.segments.iter().find(|s| {
-                    s.offset & PAGE_MASK <= mapping.file_offset
-                        && mapping.file_offset < s.offset + s.size
+                    s.offset & PAGE_MASK <= mapping.file_offset && mapping.file_offset < end(s)
                 })
             })?;
         // vaddr - offset is the same for every byte of the segment.
@@ -160,7 +165,9 @@ fn collect_elf<'data, R: object::ReadRef<'data>>(
                 object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
                 _ => false,
             };
-            (size > 0).then_some(LoadSegment {
+            // A segment past the end of the address space is not one a
+            // process can map (a hostile file's).
+            (size > 0 && offset.checked_add(size).is_some()).then_some(LoadSegment {
                 offset,
                 vaddr: s.address(),
                 size,
@@ -279,6 +286,43 @@ mod tests {
         };
         // vaddr of the mapping start: 0x16000 + (0x17de0 - 0x16de0) = 0x17000.
         assert_eq!(table.load_bias(&mapping), Some(0x5555_8026_c000 - 0x17000));
+    }
+
+    #[test]
+    fn segments_past_the_end_of_the_address_space_are_left_out() {
+        // libFuzzer's input: a segment whose offset plus size overflows,
+        // which made load_bias overflow (a panic with overflow checks).
+        let crash = Path::new(env!("CARGO_MANIFEST_DIR")).join(
+            "../fuzz/regressions/elf_unwind_table/crash-50663548f6923643ebd5e29cf17718f35f5c0d94",
+        );
+        let data = std::fs::read(&crash).unwrap();
+        let file = object::File::parse(data.as_slice()).unwrap();
+        assert!(
+            file.segments().any(|s| {
+                let (offset, size) = s.file_range();
+                offset.checked_add(size).is_none()
+            }),
+            "the input should hold such a segment"
+        );
+        if let Ok(built) = build_table(&crash) {
+            assert!(
+                built
+                    .segments
+                    .iter()
+                    .all(|s| s.offset.checked_add(s.size).is_some())
+            );
+            let mapping = MappedFile {
+                start: 0x1000,
+                end: 0x2000,
+                file_offset: u64::MAX - 0x10,
+                dev: (0, 0),
+                inode: 1,
+                path: "/x".into(),
+                executable: true,
+                deleted: false,
+            };
+            let _ = built.load_bias(&mapping);
+        }
     }
 
     #[test]
