@@ -267,7 +267,8 @@ impl LoadSegments {
         // A mapping starts on a page, which may be before its segment's
         // unaligned file offset; vaddr - offset is constant across the page.
         let &(offset, _, vaddr) = self.0.iter().find(|&&(offset, size, _)| {
-            offset & !0xfff <= file_offset && file_offset < offset + size
+            // Saturating: a hostile file's segment may end past u64::MAX.
+            offset & !0xfff <= file_offset && file_offset < offset.saturating_add(size)
         })?;
         let vaddr_of_start = vaddr.wrapping_add(file_offset).wrapping_sub(offset);
         Some(mapping_start.wrapping_sub(vaddr_of_start))
@@ -469,6 +470,18 @@ impl<V: Clone + Send> ProcessMap<V> for MemoryProcessMap<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_segment_ending_past_the_address_space_still_holds_its_offsets() {
+        // Its end overflows u64: wrapped, it would hold no offset at all.
+        let segments = LoadSegments(vec![(u64::MAX - 0xfff, 0x2000, 0x1000)]);
+        let file_offset = u64::MAX - 0x800;
+        assert_eq!(
+            segments.load_bias(0x7f00_0000_0000, file_offset),
+            Some(0x7f00_0000_0000 - 0x17ff)
+        );
+        assert_eq!(segments.load_bias(0x7f00_0000_0000, 0x1000), None);
+    }
 
     #[test]
     fn a_file_is_probed_once_whatever_the_answer() {
