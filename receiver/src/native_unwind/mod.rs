@@ -207,10 +207,16 @@ fn carry_recency(old: &[FileRange], new: &mut [FileRange]) {
     }
 }
 
-/// Whether `entries` (sorted by start) hold any part of `range`.
-fn holds(entries: &[MappingEntry], range: &FileRange) -> bool {
+/// How many of `entries` (sorted by start, disjoint) hold a part of
+/// `range` (runtime code splits a file's range into several).
+fn parts_held(entries: &[MappingEntry], range: &FileRange) -> usize {
     let index = entries.partition_point(|e| e.end <= range.start);
-    entries.get(index).is_some_and(|e| e.start < range.end)
+    entries
+        .get(index..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(|e| e.start < range.end)
+        .count()
 }
 
 /// Bytes of unwind-table rows kept in BPF maps at most, by default: a busy
@@ -379,11 +385,11 @@ impl NativeUnwindInfo {
             carry_recency(old, &mut ranges);
         }
         let mapped = entries.len();
-        // Which ranges have an entry before the cap: only those can it leave
+        // The entries of each range before the cap: only those can it leave
         // out (a table the budget keeps out has none, and comes back by the
         // budget's rules).
-        let had_entry: Vec<bool> = if mapped > MAX_PROCESS_MAPPINGS {
-            ranges.iter().map(|r| holds(&entries, r)).collect()
+        let parts: Vec<usize> = if mapped > MAX_PROCESS_MAPPINGS {
+            ranges.iter().map(|r| parts_held(&entries, r)).collect()
         } else {
             Vec::new()
         };
@@ -400,8 +406,8 @@ impl NativeUnwindInfo {
                  brings it back)"
             );
         }
-        for (range, had_entry) in ranges.iter_mut().zip(had_entry) {
-            range.in_table = !had_entry || holds(&entries, range);
+        for (range, parts) in ranges.iter_mut().zip(parts) {
+            range.in_table = parts_held(&entries, range) == parts;
         }
         let count = entries.len().min(MAX_PROCESS_MAPPINGS);
         table.entries[..count].copy_from_slice(&entries[..count]);
