@@ -193,7 +193,9 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
         "{TEST}: {:<20} {:>7} {:>7} {:>20} {:>20} {:>6} {:>9}",
         "jdk", "samples", "in_java", "icecore a/b/g %", "JFR a/b/g %", "jfr_n", "in/inlined"
     );
-    println!("{TEST}: (in_java: of the samples of the thread running JvmSplit.split)");
+    println!(
+        "{TEST}: (in_java: of the samples of the thread running JvmSplit.split, but the Flight Recorder's own work)"
+    );
     let mut failures = Vec::new();
     for ((jdk, _), &pid) in fixtures.iter().zip(&pids) {
         let label = &jdk.label;
@@ -210,10 +212,22 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
             .filter_map(|s| s.thread_id)
             .collect();
         let on_workers = |s: &DecodedSample| s.thread_id.is_some_and(|t| workers.contains(&t));
+        // The Flight Recorder does some of its own start-up on that thread
+        // (building its metadata, instrumenting event classes as they
+        // load), late on a loaded machine: its Java and native frames, not
+        // the fixture's, and rightly so.
+        let in_jfr = |s: &DecodedSample| {
+            s.stack
+                .iter()
+                .any(|f| f.function.starts_with("jdk.jfr.") || f.function.starts_with("Jfr"))
+        };
         let worker_samples = count_where(&samples, on_workers);
+        let jfr_on_workers = count_where(&samples, |s| on_workers(s) && in_jfr(s));
         let in_java = pct(
-            count_where(&samples, |s| on_workers(s) && s.contains("JvmSplit.split")),
-            worker_samples,
+            count_where(&samples, |s| {
+                on_workers(s) && !in_jfr(s) && s.contains("JvmSplit.split")
+            }),
+            worker_samples - jfr_on_workers,
         );
         let process_in_java = pct(count_where(&samples, |s| s.contains("JvmSplit.split")), all);
         let (shares, n) = split_shares(samples.iter().map(|s| (s.names(), s.count)));
@@ -244,8 +258,9 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
             fmt(jfr_shares)
         );
         println!(
-            "{TEST}: {label}: {worker_samples} samples on {} workload thread(s); {process_in_java:.1}% \
-             of the process's samples reach JvmSplit.split",
+            "{TEST}: {label}: {worker_samples} samples on {} workload thread(s), {jfr_on_workers} \
+             of them in the Flight Recorder's own work; {process_in_java:.1}% of the process's \
+             samples reach JvmSplit.split",
             workers.len()
         );
         if n < 300 {
@@ -254,7 +269,7 @@ fn every_jdk_matches_its_split_and_the_flight_recorder() {
         if in_java < 98.0 {
             let example = samples
                 .iter()
-                .find(|s| on_workers(s) && !s.contains("JvmSplit.split"))
+                .find(|s| on_workers(s) && !in_jfr(s) && !s.contains("JvmSplit.split"))
                 .map(|s| {
                     s.stack
                         .iter()
