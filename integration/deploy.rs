@@ -595,9 +595,8 @@ fn readiness_follows_the_first_batch_and_the_sinks() {
     let _serial = serial();
     let dir = tmp();
     // A port nothing listens on: every export fails.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead_port = dead.local_addr().unwrap().port();
-    drop(dead);
+    let dead = support::net::HeldPort::hold();
+    let dead_port = dead.address.port();
     let common = [
         s("--sampling-frequency"),
         s("19"),

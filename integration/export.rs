@@ -277,10 +277,8 @@ fn credentials_in_the_endpoint_url_are_sent_and_never_logged() {
         .endpoint()
         .replacen("http://", "http://alice:s3cr%40t@", 1);
     // A second run against a closed port, so the WARN path logs the URL too.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let closed_port = support::net::HeldPort::hold();
+    let closed = closed_port.address;
     for endpoint in [with_credentials, format!("http://alice:s3cr%40t@{closed}")] {
         let mut args = base_args_at(target.pid(), HZ);
         args.extend([s("--otlp-endpoint"), endpoint.clone()]);

@@ -174,11 +174,8 @@ fn pod_names_come_from_the_api_server_and_ids_without_it() {
         CONTAINER,
     )]);
     let api = FakeApiServer::start(list);
-    let unreachable = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let unreachable_port = support::net::HeldPort::hold();
+    let unreachable = unreachable_port.address.port();
 
     for (what, source, port, named) in [
         ("API up", "--kubernetes-api", api.port, true),

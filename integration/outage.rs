@@ -25,12 +25,12 @@
 
 use crate::support;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::fixture::CpuTracker;
 use support::metrics::Metrics;
+use support::net::HeldPort;
 use support::parca::ParcaStore;
 use support::pyroscope::PyroscopeServer;
 use support::receiver::OtlpReceiver;
@@ -61,38 +61,30 @@ fn outage() -> Duration {
     Duration::from_secs(secs)
 }
 
-/// A loopback address nothing listens on yet.
-fn free_address() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 /// One agent's three endpoints, down until [`Servers::start`].
 struct Endpoints {
-    otlp: SocketAddr,
-    parca: SocketAddr,
-    pyroscope: SocketAddr,
+    otlp: HeldPort,
+    parca: HeldPort,
+    pyroscope: HeldPort,
 }
 
 impl Endpoints {
     fn reserve() -> Endpoints {
         Endpoints {
-            otlp: free_address(),
-            parca: free_address(),
-            pyroscope: free_address(),
+            otlp: HeldPort::hold(),
+            parca: HeldPort::hold(),
+            pyroscope: HeldPort::hold(),
         }
     }
 
     fn args(&self) -> Vec<String> {
         vec![
             s("--otlp-endpoint"),
-            format!("http://{}", self.otlp),
+            format!("http://{}", self.otlp.address),
             s("--parca-endpoint"),
-            format!("http://{}", self.parca),
+            format!("http://{}", self.parca.address),
             s("--pyroscope-endpoint"),
-            format!("http://{}", self.pyroscope),
+            format!("http://{}", self.pyroscope.address),
         ]
     }
 }
@@ -107,15 +99,15 @@ struct Servers {
 
 impl Servers {
     /// Serves on `endpoints`, answering each request `delay` after it came.
-    fn start(endpoints: &Endpoints, delay: Duration) -> Servers {
-        let otlp = OtlpReceiver::start_slow_on(endpoints.otlp, delay);
+    fn start(endpoints: &mut Endpoints, delay: Duration) -> Servers {
+        let otlp = OtlpReceiver::start_slow_with(endpoints.otlp.listen(), delay);
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let parca = ParcaStore {
             delay,
             ..ParcaStore::default()
         };
-        support::parca::serve_on(parca.clone(), &runtime, endpoints.parca);
-        let pyroscope = PyroscopeServer::start_slow_on(endpoints.pyroscope, delay);
+        support::parca::serve_with(parca.clone(), &runtime, endpoints.parca.listen());
+        let pyroscope = PyroscopeServer::start_slow_with(endpoints.pyroscope.listen(), delay);
         Servers {
             otlp,
             parca,
@@ -253,8 +245,8 @@ fn samples_survive_outages_bounds_and_slow_endpoints() {
     let token_file = target.dir().join("token");
     std::fs::write(&token_file, "s3cret-token\n").unwrap();
 
-    let slow_endpoints = Endpoints::reserve();
-    let slow_servers = Servers::start(&slow_endpoints, SLOW);
+    let mut slow_endpoints = Endpoints::reserve();
+    let slow_servers = Servers::start(&mut slow_endpoints, SLOW);
     let credentials = [
         s("--otlp-header"),
         s("X-Scope-OrgID=team-a"),
@@ -277,8 +269,8 @@ fn samples_survive_outages_bounds_and_slow_endpoints() {
     let at_end = down.icecore.metrics();
     let slow_at_end = slow.icecore.metrics();
     std::thread::sleep(outage.saturating_sub(started.elapsed()));
-    let up = Servers::start(&down.endpoints, Duration::ZERO);
-    let bounded_up = Servers::start(&bounded.endpoints, Duration::ZERO);
+    let up = Servers::start(&mut down.endpoints, Duration::ZERO);
+    let bounded_up = Servers::start(&mut bounded.endpoints, Duration::ZERO);
     let down_for = started.elapsed();
     let batches_in_outage = (outage.as_secs() / REPORTER_INTERVAL.as_secs()).saturating_sub(2);
     for sink in SINKS {

@@ -18,6 +18,7 @@ pub mod jvm;
 pub mod kube;
 pub mod metrics;
 pub mod native;
+pub mod net;
 pub mod node;
 pub mod otlp;
 pub mod parca;

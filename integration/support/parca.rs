@@ -39,8 +39,19 @@ pub fn serve_on(
     runtime: &tokio::runtime::Runtime,
     address: std::net::SocketAddr,
 ) -> u16 {
+    let listener = std::net::TcpListener::bind(address).expect("bind the Parca test store");
+    serve_with(store, runtime, listener)
+}
+
+/// Serves on a listener the caller bound; returns the port.
+pub fn serve_with(
+    store: ParcaStore,
+    runtime: &tokio::runtime::Runtime,
+    listener: std::net::TcpListener,
+) -> u16 {
+    listener.set_nonblocking(true).expect("nonblocking");
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(address).await.unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(
             tonic::transport::Server::builder()

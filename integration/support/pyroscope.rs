@@ -71,6 +71,12 @@ impl PyroscopeServer {
     /// it was read.
     pub fn start_slow_on(address: SocketAddr, delay: Duration) -> PyroscopeServer {
         let listener = TcpListener::bind(address).expect("bind the Pyroscope test server");
+        PyroscopeServer::start_slow_with(listener, delay)
+    }
+
+    /// Like [`PyroscopeServer::start_slow_on`], serving a listener the
+    /// caller bound.
+    pub fn start_slow_with(listener: TcpListener, delay: Duration) -> PyroscopeServer {
         listener.set_nonblocking(true).unwrap();
         let address = listener.local_addr().unwrap();
         let pushes = Arc::new(Mutex::new(Vec::new()));

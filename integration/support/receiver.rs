@@ -80,12 +80,18 @@ impl OtlpReceiver {
     /// Like [`OtlpReceiver::start_on`], answering each export only `delay`
     /// after it arrived.
     pub fn start_slow_on(addr: SocketAddr, delay: Duration) -> OtlpReceiver {
+        let std_listener = std::net::TcpListener::bind(addr).expect("bind OTLP receiver");
+        OtlpReceiver::start_slow_with(std_listener, delay)
+    }
+
+    /// Like [`OtlpReceiver::start_slow_on`], serving a listener the caller
+    /// bound.
+    pub fn start_slow_with(std_listener: std::net::TcpListener, delay: Duration) -> OtlpReceiver {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let std_listener = std::net::TcpListener::bind(addr).expect("bind OTLP receiver");
         std_listener.set_nonblocking(true).expect("nonblocking");
         let addr = std_listener.local_addr().expect("local addr");
         // Fail here, in the test thread, if the descriptors are unusable.
