@@ -64,7 +64,7 @@ pids+=($!)
 
 metrics_port=$((40000 + RANDOM % 20000))
 "$bin" --sampling-frequency 97 --reporter-interval 10s --otlp-endpoint "http://127.0.0.1:$port" \
-  --pprof-dir "$out/agent-pprof" --pprof-max-bytes 256MiB \
+  --pprof-dir "$out/agent-pprof" --pprof-max-bytes 1GiB \
   --http-address "127.0.0.1:$metrics_port" >"$out/agent.log" 2>&1 &
 agent=$!
 pids+=("$agent")
@@ -134,7 +134,7 @@ def mean(key, part):
     return sum(vals) / max(len(vals), 1)
 second, last = rows[n // 3: 2 * n // 3], rows[2 * n // 3:]
 verdict = []
-for key in ("rss_mb", "bpf_map_mib"):
+for key in ("rss_mb", "bpf_map_mib", "cpu_pct"):
     a, b = mean(key, second), mean(key, last)
     growth = (b - a) / a * 100 if a else 0.0
     verdict.append(f"{key}: {a:.1f} -> {b:.1f} ({growth:+.1f} %)")
@@ -143,3 +143,7 @@ for key in ("rss_mb", "bpf_map_mib"):
 print("soak: second third vs last third: " + "; ".join(verdict))
 print(f"soak: plot {sys.argv[2]}")
 EOF
+
+# The agent profiled itself too: where its own CPU went, third by third.
+python3 scripts/soak-self-profile.py "$out/agent-pprof" "$agent" >"$out/self-profile.txt" \
+  && echo "soak: the agent's own profile by third: $out/self-profile.txt"
