@@ -27,6 +27,12 @@ mkdir -p "$out/receiver-pprof" "$out/agent-pprof"
 
 pids=()
 cleanup() {
+  # The agent first, while its endpoint still serves: its last batch is
+  # delivered, not counted as dropped at shutdown.
+  if [[ -n ${agent:-} ]]; then
+    kill "$agent" 2>/dev/null || true
+    wait "$agent" 2>/dev/null || true
+  fi
   # The workload loops' own children (a gzip, a python) go with them.
   for p in "${pids[@]}"; do pkill -P "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
   [[ -n ${receiver:-} ]] && kill "$receiver" 2>/dev/null || true
